@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: MIT
+// The public collectives of the first slice: psum, pmean, pmax, pmin, axis_index, axis_size.
+// Each dispatches on the placement of its axes at compile time: vectorized axes take the
+// batching rule, device axes the exchange among device threads (see detail/reduction.hpp).
+#pragma once
+
+#include <namedax/axis.hpp>
+#include <namedax/detail/reduction.hpp>
+#include <namedax/named_array.hpp>
+
+#include <array>
+#include <optional>
+#include <tuple>
+
+namespace namedax {
+
+/// Options of psum, pmean, pmax and pmin (JAX's keyword arguments).
+struct reduce_options {
+  /// Reduce within each group of axis indices; the groups must partition 0..N-1.
+  std::vector<std::vector<int>> axis_index_groups;
+};
+
+namespace detail {
+enum class reduction { sum, mean, max, min };
+
+template <reduction K>
+auto reduction_op() {
+  if constexpr (K == reduction::max) return max_op{};
+  else if constexpr (K == reduction::min) return min_op{};
+  else return sum_op{};
+}
+
+/// The element type a reduction accumulates in: bool sums as int32, as in JAX.
+template <reduction K, class T>
+using accumulate_t = std::conditional_t<(K == reduction::sum || K == reduction::mean) && std::is_same_v<T, bool>,
+                                        std::int32_t, T>;
+/// pmean of integers and bools gives float32.
+template <reduction K, class T>
+using reduction_result_t =
+    std::conditional_t<K == reduction::mean && !std::is_floating_point_v<T>, float, accumulate_t<K, T>>;
+
+inline std::vector<std::size_t> canonical_positional(std::string_view verb, std::span<const int> positional,
+                                                     std::size_t rank) {
+  std::vector<std::size_t> dims;
+  for (int p : positional) {
+    int d = p < 0 ? p + static_cast<int>(rank) : p;
+    if (d < 0 || d >= static_cast<int>(rank))
+      fail("namedax::", verb, ": positional axis ", p, " is out of range for a value of positional rank ", rank);
+    if (std::find(dims.begin(), dims.end(), static_cast<std::size_t>(d)) != dims.end())
+      fail("namedax::", verb, ": positional axis ", p, " is given twice");
+    dims.push_back(static_cast<std::size_t>(d));
+  }
+  return dims;
+}
+
+/// psum / pmean / pmax / pmin over `Names` and positional axes, for one leaf.
+/// `Grouped` (options were given) makes the result vary along the reduced axes: groups
+/// are runtime values, the result's type cannot depend on them.
+template <class Verb, reduction K, bool Grouped, class X, std::size_t P, class... Names>
+auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::optional<groups_t>& groups) {
+  constexpr std::string_view verb = Verb::name;
+  if (groups && P > 0)
+    fail("namedax::", verb, ": axis_index_groups cannot be combined with positional axes; reduce the positional "
+         "axes in a separate call");
+  if constexpr (DeferredValue<X>) {
+    auto later = [x, list, groups]<class Env>(Env) {
+      return all_reduce_leaf<Verb, K, Grouped>(x.template resolve<Env>(), list, groups);
+    };
+    return typename deferred_from<decltype(later), typename deferred_names<X, deferred<void, Names...>>::type>::type{later};
+  } else if constexpr (NamedValue<X>) {
+    using Env = typename X::env_type;
+    require_bound<Verb, Env, Names...>();
+    using T = accumulate_t<K, typename X::value_type>;
+    using R = reduction_result_t<K, typename X::value_type>;
+    auto op = reduction_op<K>();
+
+    xt::xarray<T> a = evaluate<T>(x.payload());
+    const std::size_t rank = a.dimension() - Env::vectorized_count;
+    auto dims = canonical_positional(verb, list.positional, rank);
+    float positional_count = 1;
+    for (auto d : dims) positional_count *= static_cast<float>(a.shape()[d]);
+    if (!dims.empty()) a = reduce_positional<T>(a, dims, op);
+    const std::size_t kept_rank = rank - dims.size();
+
+    std::array<reduced_axis, sizeof...(Names)> named_axes{[&] {
+      constexpr int k = Env::index_of(Names::name);
+      const frame& f = bound_frame(verb, Names::name);
+      return reduced_axis{Names::name, Env::places[k], f.size, ((X::varying >> k) & 1) != 0,
+                          kept_rank + Env::vectorized_slot(k), f.index};
+    }()...};
+    auto [sum, divisor] = reduce_named<T>(verb, a, named_axes, groups, K == reduction::sum || K == reduction::mean, op);
+
+    constexpr axis_mask reduced = Env::template mask_of<Names...>();
+    // Without groups the result is the same along the reduced axes; with groups it is not.
+    constexpr axis_mask out_varying = Grouped ? (X::varying | reduced) : (X::varying & ~reduced);
+    if constexpr (K == reduction::mean) {
+      xt::xarray<R> mean = xt::cast<R>(sum) / (xt::cast<R>(divisor) * static_cast<R>(positional_count));
+      return make_named<shared_array<R>, Env, out_varying>(xt::make_xshared(std::move(mean)));
+    } else {
+      return make_named<shared_array<R>, Env, out_varying>(xt::make_xshared(std::move(sum)));
+    }
+  } else {
+    static_assert(PlainValue<X>, "namedax: a collective takes named values, xtensor expressions or scalars");
+    // A plain value varies along no axis: it is replicated, psum gives size * x.
+    std::size_t size = 1;
+    (..., (size *= bound_frame(verb, Names::name).size));
+    if (groups) fail("namedax::", verb, ": axis_index_groups need a mapped value; this value is not mapped");
+    using V = value_type_of_t<X>;
+    using T = accumulate_t<K, V>;
+    if constexpr (std::is_arithmetic_v<X>) {
+      if constexpr (P > 0) fail("namedax::", verb, ": a scalar has no positional axes");
+      if constexpr (K == reduction::sum) return static_cast<T>(static_cast<T>(x) * static_cast<T>(size));
+      else return static_cast<reduction_result_t<K, V>>(x);
+    } else {
+      xt::xarray<T> a = evaluate<T>(x);
+      auto dims = canonical_positional(verb, list.positional, a.dimension());
+      float count = 1;
+      for (auto d : dims) count *= static_cast<float>(a.shape()[d]);
+      if (!dims.empty()) a = reduce_positional<T>(a, dims, reduction_op<K>());
+      if constexpr (K == reduction::sum) return xt::xarray<T>(a * static_cast<T>(size));
+      else if constexpr (K == reduction::mean) return xt::xarray<reduction_result_t<K, V>>(xt::cast<reduction_result_t<K, V>>(a) / count);
+      else return a;
+    }
+  }
+}
+
+/// The shared body of psum, pmean, pmax and pmin.
+template <class Verb, reduction K>
+struct all_reduce_verb {
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes) const {
+    auto list = to_axis_list(axes);
+    return tree_map(x, [&](const auto& leaf) { return all_reduce_leaf<Verb, K, false>(leaf, list, std::nullopt); });
+  }
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes, const reduce_options& options) const {
+    auto list = to_axis_list(axes);
+    std::optional<groups_t> groups;
+    if (!options.axis_index_groups.empty()) groups = options.axis_index_groups;
+    return tree_map(x, [&](const auto& leaf) { return all_reduce_leaf<Verb, K, true>(leaf, list, groups); });
+  }
+};
+}  // namespace detail
+
+/// All-reduce sum over named axes (and positional ones): `psum(x, "i"_ax)`,
+/// `psum(x, axes("i"_ax, 0))`, `psum(x, "i"_ax, {.axis_index_groups = {{0, 1}, {2, 3}}})`.
+/// With x = [0, 1, 2, 3] mapped along "i": [6, 6, 6, 6]. Bool sums as int32.
+struct psum_fn : detail::all_reduce_verb<psum_fn, detail::reduction::sum> {
+  static constexpr std::string_view name = "psum";
+};
+/// All-reduce mean: psum(x) divided by the size of the caller's group (times the number of
+/// reduced positional elements); integers and bools give float32. [0, 1, 2, 3] -> [1.5, ...].
+struct pmean_fn : detail::all_reduce_verb<pmean_fn, detail::reduction::mean> {
+  static constexpr std::string_view name = "pmean";
+};
+/// All-reduce maximum; NaN propagates.
+struct pmax_fn : detail::all_reduce_verb<pmax_fn, detail::reduction::max> {
+  static constexpr std::string_view name = "pmax";
+};
+/// All-reduce minimum; NaN propagates.
+struct pmin_fn : detail::all_reduce_verb<pmin_fn, detail::reduction::min> {
+  static constexpr std::string_view name = "pmin";
+};
+inline constexpr psum_fn psum{};
+inline constexpr pmean_fn pmean{};
+inline constexpr pmax_fn pmax{};
+inline constexpr pmin_fn pmin{};
+
+/// The index of this position along the axis (several names: row-major over them, in the
+/// order given), as int32. Under pmap<"i"> over 4 devices: 0, 1, 2, 3 on the devices.
+/// The value waits for its environment until it meets a mapped value or leaves the map.
+struct axis_index_fn {
+  static constexpr std::string_view name = "axis_index";
+  template <AxisArgument A>
+  auto operator()(const A& axes) const {
+    return make(detail::to_axis_list(axes));
+  }
+
+ private:
+  template <std::size_t P, class... Names>
+  static auto make(const axis_list<P, Names...>&) {
+    static_assert(P == 0, "namedax::axis_index: takes axis names only, no positional axes");
+    static_assert(sizeof...(Names) > 0, "namedax::axis_index: give at least one axis name");
+    auto resolve = []<class Env>(Env) {
+      std::array<std::size_t, Env::vectorized_count> shape;
+      shape.fill(1);
+      std::array<std::size_t, sizeof...(Names)> sizes{detail::bound_frame(name, Names::name).size...};
+      std::array<int, sizeof...(Names)> env_index{Env::index_of(Names::name)...};
+      for (std::size_t k = 0; k < sizes.size(); ++k)
+        if (Env::places[env_index[k]] == placement::vectorized) shape[Env::vectorized_slot(env_index[k])] = sizes[k];
+      xt::xarray<std::int32_t> index = xt::xarray<std::int32_t>::from_shape(shape);
+      // Element strides of the contiguous result, to find each element's coordinates.
+      std::array<std::size_t, Env::vectorized_count> strides;
+      for (std::size_t k = shape.size(), s = 1; k-- > 0;) strides[k] = s, s *= shape[k];
+      for (std::size_t flat = 0; flat < index.size(); ++flat) {
+        std::int64_t value = 0;
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+          const auto e = static_cast<std::size_t>(env_index[k]);
+          std::size_t coordinate = Env::places[e] == placement::devices
+                                       ? detail::bound_frame(name, Env::names[e]).index
+                                       : (flat / strides[Env::vectorized_slot(e)]) % sizes[k];
+          value = value * static_cast<std::int64_t>(sizes[k]) + static_cast<std::int64_t>(coordinate);
+        }
+        index.data()[flat] = static_cast<std::int32_t>(value);
+      }
+      return detail::make_named<detail::shared_array<std::int32_t>, Env, Env::template mask_of<Names...>()>(
+          xt::make_xshared(std::move(index)));
+    };
+    return deferred<decltype(resolve), Names...>{resolve};
+  }
+};
+inline constexpr axis_index_fn axis_index{};
+
+/// The size of the axis (several names: the product), as JAX's `psum(1, axes)`.
+struct axis_size_fn {
+  static constexpr std::string_view name = "axis_size";
+  template <AxisArgument A>
+  int operator()(const A& axes) const {
+    return count(detail::to_axis_list(axes));
+  }
+
+ private:
+  template <std::size_t P, class... Names>
+  static int count(const axis_list<P, Names...>&) {
+    static_assert(P == 0, "namedax::axis_size: takes axis names only, no positional axes");
+    return static_cast<int>((std::size_t{1} * ... * detail::bound_frame(name, Names::name).size));
+  }
+};
+inline constexpr axis_size_fn axis_size{};
+
+}  // namespace namedax

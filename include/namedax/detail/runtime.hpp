@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: MIT
+// The runtime axis environment of a thread: one frame per enclosing map, with sizes, and for
+// device axes the index of this device and the world its devices share.
+#pragma once
+
+#include <namedax/error.hpp>
+#include <namedax/named_shape.hpp>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace namedax::detail {
+
+struct communicator;
+
+/// What one simulated device is doing, for error reports and departure checks.
+struct device_record {
+  enum class state { running, in_nested_map, finished, failed };
+  std::string path;  // "i=0,j=2": the device coordinates along every device axis
+  state now = state::running;
+  std::string waiting_in;  // the collective it waits in, if any
+};
+
+/// Everything the devices of one outermost pmap share: one lock for all their rendezvous,
+/// the devices by path (for departure and deadlock checks) and the communicators by key.
+struct world {
+  std::mutex lock;
+  std::condition_variable wake;
+  bool poisoned = false;
+  std::string reason;
+  int running = 0;  // devices running user code (not joined on a nested pmap)
+  int waiting = 0;  // of those, devices blocked in a rendezvous
+  std::unordered_map<std::string, std::shared_ptr<device_record>> devices;
+  std::unordered_map<std::string, std::unique_ptr<communicator>> communicators;
+
+  void poison(std::string why) {
+    if (!poisoned) poisoned = true, reason = std::move(why);
+    wake.notify_all();
+  }
+};
+
+/// One enclosing map, as the thread sees it at run time.
+struct frame {
+  std::string_view name;
+  std::size_t size = 0;
+  placement place = placement::vectorized;
+  std::size_t index = 0;  // this device's index (device axes only)
+  std::shared_ptr<world> shared;  // device axes only
+};
+
+inline std::vector<frame>& frames() {
+  thread_local std::vector<frame> stack;
+  return stack;
+}
+
+inline std::shared_ptr<device_record>& current_device() {
+  thread_local std::shared_ptr<device_record> record;
+  return record;
+}
+
+inline const frame* find_frame(std::string_view name) {
+  auto& stack = frames();
+  for (auto it = stack.rbegin(); it != stack.rend(); ++it)
+    if (it->name == name) return &*it;
+  return nullptr;
+}
+
+/// The frame of `name`; a runtime error for values that carry no axis environment in their type.
+inline const frame& bound_frame(std::string_view verb, std::string_view name) {
+  if (const frame* f = find_frame(name)) return *f;
+  fail("namedax::", verb, ": axis '", name, "' is not bound by an enclosing vmap or pmap; wrap the function in "
+       "namedax::vmap<\"", name, "\"> or namedax::pmap<\"", name, "\">");
+}
+
+/// The device coordinates of this thread along every device axis, outermost first.
+inline std::string device_path(const std::vector<frame>& stack) {
+  std::string path;
+  for (const frame& f : stack)
+    if (f.place == placement::devices)
+      path += (path.empty() ? "" : ",") + std::string(f.name) + "=" + std::to_string(f.index);
+  return path;
+}
+
+/// Pushes a frame for the duration of a scope (vmap) or replaces the whole stack (device threads).
+class frame_scope {
+ public:
+  explicit frame_scope(frame f) : saved_(frames()) { frames().push_back(std::move(f)); }
+  frame_scope(std::vector<frame> stack, std::shared_ptr<device_record> record)
+      : saved_(std::move(frames())), saved_record_(std::move(current_device())) {
+    frames() = std::move(stack);
+    current_device() = std::move(record);
+  }
+  frame_scope(const frame_scope&) = delete;
+  frame_scope& operator=(const frame_scope&) = delete;
+  ~frame_scope() {
+    frames() = std::move(saved_);
+    current_device() = std::move(saved_record_);
+  }
+
+ private:
+  std::vector<frame> saved_;
+  std::shared_ptr<device_record> saved_record_;
+};
+
+/// Seconds a device may wait in one collective before it reports instead of hanging
+/// (NAMEDAX_COLLECTIVE_TIMEOUT, default 600). Deadlocks and departures are found at once;
+/// this only bounds a device that computes, or sleeps, for a very long time.
+inline double collective_timeout_seconds() {
+  static const double seconds = [] {
+    const char* text = std::getenv("NAMEDAX_COLLECTIVE_TIMEOUT");
+    double v = text ? std::atof(text) : 0.0;
+    return v > 0 ? v : 600.0;
+  }();
+  return seconds;
+}
+
+}  // namespace namedax::detail

@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: MIT
+// vmap and pmap: bind a named axis, as a vectorized dimension or as simulated devices, run
+// the function with named values, and stack its results along out_axes.
+#pragma once
+
+#include <namedax/detail/devices.hpp>
+#include <namedax/detail/reduction.hpp>
+#include <namedax/named_array.hpp>
+
+#include <optional>
+#include <tuple>
+
+namespace namedax {
+
+/// `in_axes` entry of an argument that is not mapped (JAX's None).
+struct none_t {
+  explicit constexpr none_t() = default;
+};
+inline constexpr none_t none{};
+
+namespace detail {
+
+template <class T>
+inline constexpr bool is_tuple = false;
+template <class... T>
+inline constexpr bool is_tuple<std::tuple<T...>> = true;
+
+/// The in_axes entry of argument K: one int or none for all, or a tuple with one per argument.
+template <std::size_t K, class InAxes>
+auto in_axis_of(const InAxes& in_axes) {
+  if constexpr (is_tuple<InAxes>) return std::get<K>(in_axes);
+  else return in_axes;
+}
+
+/// Keeps an argument's data alive and addressable with strides for the whole call: the
+/// caller's container itself, or a container evaluated from an expression or named payload.
+template <class X>
+auto hold(const X& x) {
+  if constexpr (NamedValue<X>) return evaluate(x.payload());
+  else if constexpr (std::is_arithmetic_v<X>) return x;
+  else if constexpr (xt::has_data_interface<X>::value) return std::cref(x);
+  else return evaluate(x);
+}
+template <class H>
+const auto& held(const H& h) {
+  if constexpr (requires { h.get(); }) return h.get();
+  else return h;
+}
+
+template <class X>
+constexpr std::size_t vectorized_dims_of() {
+  if constexpr (NamedValue<X>) return X::env_type::vectorized_count;
+  else return 0;
+}
+
+inline std::size_t canonical_axis(std::string_view verb, std::string_view name, std::string_view what, int axis,
+                                  std::size_t count) {
+  int d = axis < 0 ? axis + static_cast<int>(count) : axis;
+  if (d < 0 || d >= static_cast<int>(count))
+    fail("namedax::", verb, "<\"", name, "\">: ", what, " ", axis, " is out of range for ", count, " positions");
+  return static_cast<std::size_t>(d);
+}
+
+/// The argument as the mapped function sees it: a strided view (no copy) whose positional
+/// dims drop the mapped one, followed by the vectorized dims of the environment. Under vmap
+/// the mapped dim becomes the last vectorized dim; under pmap device `device` takes its slice.
+template <class Inner, placement P, std::size_t ArgVec, class C>
+auto mapped_view(const C& c, std::optional<std::size_t> dim, std::size_t device) {
+  constexpr std::size_t outer_vec = Inner::vectorized_count - (P == placement::vectorized ? 1 : 0);
+  const auto& s = c.shape();
+  const auto& st = c.strides();
+  xt::dynamic_shape<std::size_t> shape;
+  xt::dynamic_shape<std::ptrdiff_t> strides;
+  for (std::size_t k = 0; k < c.dimension(); ++k)
+    if (k != dim) shape.push_back(s[k]), strides.push_back(s[k] == 1 ? 0 : st[k]);
+  for (std::size_t k = ArgVec; k < outer_vec; ++k) shape.push_back(1), strides.push_back(0);
+  std::size_t offset = 0;
+  if constexpr (P == placement::vectorized) {
+    shape.push_back(dim ? s[*dim] : 1);
+    strides.push_back(dim && s[*dim] != 1 ? st[*dim] : 0);
+  } else if (dim) {
+    offset = device * static_cast<std::size_t>(st[*dim]);
+  }
+  return xt::strided_view(c, std::move(shape), std::move(strides), offset, xt::layout_type::dynamic);
+}
+
+/// A result leaf of the mapped function as a named value of the map's environment.
+template <class Inner, class L>
+auto to_inner(const L& leaf) {
+  if constexpr (DeferredValue<L>) {
+    return leaf.template resolve<Inner>();
+  } else if constexpr (std::is_same_v<typename env_of<L>::type, Inner>) {
+    return leaf;
+  } else if constexpr (std::is_arithmetic_v<L>) {
+    std::array<std::size_t, Inner::vectorized_count> ones;
+    ones.fill(1);
+    xt::xarray<L> a = xt::xarray<L>::from_shape(ones);
+    a.fill(leaf);
+    return make_named<shared_array<L>, Inner, 0>(xt::make_xshared(std::move(a)));
+  } else {
+    auto p = payload_in<Inner>(leaf);
+    return make_named<decltype(p), Inner, mask_of<L>()>(std::move(p));
+  }
+}
+
+template <class Inner, class L>
+inline constexpr axis_mask result_mask = decltype(to_inner<Inner>(std::declval<const L&>()))::varying;
+
+/// The map's output for one result leaf: `a` has the map's positional dims then the outer
+/// environment's vectorized dims; `axis` (size n, stride `step`) goes to position out_axes.
+template <class Outer, axis_mask Varying, class T>
+auto map_output(std::string_view verb, std::string_view name, const xt::xarray<T>& a, std::size_t positional,
+                std::size_t n, std::ptrdiff_t step, int out_axes,
+                std::type_identity_t<std::span<const xt::xarray<T>* const>> parts = {}) {
+  const std::size_t o = canonical_axis(verb, name, "out_axes", out_axes, positional + 1);
+  auto in_strides = row_major_strides(std::span(a.shape().data(), a.shape().size()));
+  std::vector<std::size_t> shape;
+  for (std::size_t k = 0; k < positional; ++k) shape.push_back(a.shape()[k]);
+  shape.insert(shape.begin() + static_cast<std::ptrdiff_t>(o), n);
+  for (std::size_t k = positional; k < positional + Outer::vectorized_count; ++k) shape.push_back(a.shape()[k]);
+  xt::xarray<T> out = xt::xarray<T>::from_shape(shape);
+  if (parts.empty()) {
+    xt::dynamic_shape<std::ptrdiff_t> strides(in_strides.begin(), in_strides.begin() + static_cast<std::ptrdiff_t>(positional));
+    strides.insert(strides.begin() + static_cast<std::ptrdiff_t>(o), n == 1 ? 0 : step);
+    for (std::size_t k = positional; k < positional + Outer::vectorized_count; ++k) strides.push_back(in_strides[k]);
+    xt::dynamic_shape<std::size_t> view_shape(shape.begin(), shape.end());
+    out = xt::strided_view(a, std::move(view_shape), std::move(strides), 0, xt::layout_type::dynamic);
+  } else {
+    // pmap: device d's result goes to slot d of the new dimension.
+    auto out_strides = row_major_strides(shape);
+    std::vector<std::ptrdiff_t> slot_strides(out_strides.begin(), out_strides.end());
+    slot_strides.erase(slot_strides.begin() + static_cast<std::ptrdiff_t>(o));
+    std::span<const std::size_t> part_shape(a.shape().data(), a.shape().size());
+    for (std::size_t d = 0; d < parts.size(); ++d) {
+      const T* part = parts[d]->data();
+      fold_members<T>(std::span(&part, 1), part_shape, in_strides, out.data() + static_cast<std::ptrdiff_t>(d) * out_strides[o],
+                      slot_strides, sum_op{});
+    }
+  }
+  if constexpr (Outer::size == 0) {
+    return out;
+  } else {
+    constexpr axis_mask own_bit = axis_mask{1} << Outer::size;
+    return make_named<shared_array<T>, Outer, Varying & ~own_bit>(xt::make_xshared(std::move(out)));
+  }
+}
+
+template <class Binding, class F, class InAxes, class... Args>
+auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_axes, std::size_t axis_size,
+              const Args&... args) {
+  using A = typename Binding::axis_type;
+  constexpr placement P = Binding::place;
+  using Outer = typename merged_env<env<>, Args...>::type;
+  if constexpr (Outer::index_of(A::name) >= 0) (void)sizeof(axis_bound_twice<A>);
+  using Inner = typename env_push<Outer, Binding>::type;
+  using arg_types = std::tuple<Args...>;
+  constexpr std::size_t count = sizeof...(Args);
+  if constexpr (is_tuple<InAxes>)
+    static_assert(std::tuple_size_v<InAxes> == count,
+                  "namedax::vmap/pmap: in_axes must have one entry per argument of the mapped function");
+
+  auto holders = std::tuple{hold(args)...};
+  std::array<std::optional<std::size_t>, count> dims{};
+  std::optional<std::size_t> size;
+  std::size_t size_from = 0;
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    (
+        [&] {
+          using X = std::tuple_element_t<K, arg_types>;
+          using InAxis = decltype(in_axis_of<K>(in_axes));
+          if constexpr (!std::is_same_v<InAxis, none_t> && !std::is_arithmetic_v<X>) {
+            const auto& c = held(std::get<K>(holders));
+            const std::size_t rank = c.dimension() - vectorized_dims_of<X>();
+            const std::size_t d = canonical_axis(verb, A::name, message("in_axes of argument ", K), in_axis_of<K>(in_axes), rank);
+            dims[K] = d;
+            if (size && *size != c.shape()[d])
+              fail("namedax::", verb, "<\"", A::name, "\">: mapped arguments differ in size along the axis: argument ",
+                   size_from, " has ", *size, ", argument ", K, " has ", c.shape()[d], " (positional shape ",
+                   std::vector<std::size_t>(c.shape().begin(), c.shape().begin() + static_cast<std::ptrdiff_t>(rank)),
+                   ")");
+            if (!size) size = c.shape()[d], size_from = K;
+          }
+        }(),
+        ...);
+  }(std::make_index_sequence<count>{});
+  if (!size) {
+    if (axis_size == 0)
+      fail("namedax::", verb, "<\"", A::name, "\">: no argument is mapped, so the axis size is unknown; pass axis_size");
+    size = axis_size;
+  }
+  const std::size_t n = *size;
+  if (Binding::extent != dynamic_extent && n != Binding::extent)
+    fail("namedax::", verb, "<\"", A::name, "\">: the axis has static size ", Binding::extent, " but the arguments give ", n);
+  if (P == placement::devices && n == 0) fail("namedax::", verb, "<\"", A::name, "\">: cannot map over zero devices");
+
+  auto argument = [&]<std::size_t K>(std::size_t device) {
+    using X = std::tuple_element_t<K, arg_types>;
+    using InAxis = decltype(in_axis_of<K>(in_axes));
+    if constexpr (std::is_arithmetic_v<X>) {
+      static_assert(std::is_same_v<InAxis, none_t>,
+                    "namedax::vmap/pmap: a scalar argument cannot be mapped; give it in_axes namedax::none");
+      return std::get<K>(holders);
+    } else {
+      constexpr axis_mask own_bit = axis_mask{1} << (Inner::size - 1);
+      constexpr axis_mask varying = mask_of<X>() | (std::is_same_v<InAxis, none_t> ? 0 : own_bit);
+      auto view = mapped_view<Inner, P, vectorized_dims_of<X>()>(held(std::get<K>(holders)), dims[K], device);
+      return make_named<decltype(view), Inner, varying>(std::move(view));
+    }
+  };
+  auto call = [&](std::size_t device) {
+    return [&]<std::size_t... K>(std::index_sequence<K...>) {
+      return f(argument.template operator()<K>(device)...);
+    }(std::make_index_sequence<count>{});
+  };
+  using result_type = decltype(call(0));
+
+  if constexpr (P == placement::vectorized) {
+    frame_scope scope(frame{A::name, n, placement::vectorized});
+    auto result = call(0);
+    return tree_map(result, [&](const auto& leaf) {
+      auto named_leaf = to_inner<Inner>(leaf);
+      auto a = evaluate(named_leaf.payload());
+      const std::size_t positional = a.dimension() - Inner::vectorized_count;
+      auto strides = row_major_strides(std::span(a.shape().data(), a.shape().size()));
+      return map_output<Outer, decltype(named_leaf)::varying>(verb, A::name, a, positional, n, strides.back(),
+                                                              out_axes);
+    });
+  } else {
+    auto evaluate_leaves = [](const result_type& r) {
+      return tree_map(r, [](const auto& leaf) { return evaluate(to_inner<Inner>(leaf).payload()); });
+    };
+    std::vector<std::optional<decltype(evaluate_leaves(std::declval<const result_type&>()))>> results(n);
+    run_devices(A::name, n, [&](std::size_t d) { results[d] = evaluate_leaves(call(d)); });
+
+    auto stack = [&]<class Leaf>(auto get) {
+      using T = typename std::remove_cvref_t<decltype(get(*results[0]))>::value_type;
+      std::vector<const xt::xarray<T>*> parts;
+      for (std::size_t d = 0; d < n; ++d) {
+        parts.push_back(&get(*results[d]));
+        if (parts.back()->shape() != parts.front()->shape())
+          fail("namedax::", verb, "<\"", A::name, "\">: devices returned values of different shapes: device 0 returned ",
+               std::vector<std::size_t>(parts.front()->shape().begin(), parts.front()->shape().end()), ", device ", d,
+               " returned ", std::vector<std::size_t>(parts.back()->shape().begin(), parts.back()->shape().end()));
+      }
+      const std::size_t positional = parts[0]->dimension() - Outer::vectorized_count;
+      return map_output<Outer, result_mask<Inner, Leaf>>(verb, A::name, *parts[0], positional, n, 0, out_axes, parts);
+    };
+    if constexpr (is_tuple_like<result_type>) {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple{stack.template operator()<std::tuple_element_t<I, result_type>>(
+            [](const auto& leaves) -> const auto& { return std::get<I>(leaves); })...};
+      }(std::make_index_sequence<std::tuple_size_v<result_type>>{});
+    } else {
+      return stack.template operator()<result_type>([](const auto& leaf) -> const auto& { return leaf; });
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Maps `f` over axis `Name` as a vectorized dimension (JAX's `vmap(f, in_axes, out_axes,
+/// axis_name=Name, axis_size)`). `in_axes`: an int or `none` for every argument, or a
+/// std::tuple with one per argument. `Extent` fixes the axis size in the type.
+///   auto f = namedax::vmap<"i">([](auto x) { return x / namedax::psum(x, "i"_ax); });
+///   f(xt::xarray<float>{0, 1, 2, 3})  // {0, 1/6, 2/6, 3/6}
+template <fixed_string Name, std::size_t Extent = dynamic_extent, class F, class InAxes = int>
+auto vmap(F f, InAxes in_axes = 0, int out_axes = 0, std::size_t axis_size = 0) {
+  return [f = std::move(f), in_axes, out_axes, axis_size](const auto&... args) {
+    return detail::call_map<binding<axis<Name>, placement::vectorized, Extent>>("vmap", f, in_axes, out_axes,
+                                                                                axis_size, args...);
+  };
+}
+
+/// Maps `f` over axis `Name` with one simulated device (a host thread) per index; the
+/// collectives inside really exchange data among the devices (JAX's `pmap`).
+///   namedax::pmap<"i">([](auto x) { return namedax::psum(x, "i"_ax); })(xt::arange<int>(4))  // {6, 6, 6, 6}
+template <fixed_string Name, std::size_t Extent = dynamic_extent, class F, class InAxes = int>
+auto pmap(F f, InAxes in_axes = 0, int out_axes = 0, std::size_t axis_size = 0) {
+  return [f = std::move(f), in_axes, out_axes, axis_size](const auto&... args) {
+    return detail::call_map<binding<axis<Name>, placement::devices, Extent>>("pmap", f, in_axes, out_axes, axis_size,
+                                                                             args...);
+  };
+}
+
+}  // namespace namedax

@@ -1,0 +1,306 @@
+// SPDX-License-Identifier: MIT
+// psum, pmean, pmax, pmin, axis_index and axis_size: JAX's docstring examples in both modes,
+// semantics against naive loops, and vmap against pmap bit for bit on random inputs.
+#include "test_support.hpp"
+
+using namespace namedax::literals;
+using namedax_test::bitwise_equal;
+
+namespace {
+// Runs `f` mapped along "i" in both modes.
+template <class F, class... Args>
+auto both_modes(F f, const Args&... args) {
+  return std::pair{namedax::vmap<"i">(f)(args...), namedax::pmap<"i">(f)(args...)};
+}
+}  // namespace
+
+TEST_SUITE("docstring examples") {
+  TEST_CASE("psum: [0, 1, 2, 3] sums to 6 on every index") {
+    xt::xarray<int> x = xt::arange<int>(4);
+    auto [v, p] = both_modes([](auto x) { return namedax::psum(x, "i"_ax); }, x);
+    xt::xarray<int> expected{6, 6, 6, 6};
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+  }
+  TEST_CASE("psum: x / psum(x) normalizes") {
+    xt::xarray<float> x = xt::arange<float>(4);
+    auto [v, p] = both_modes([](auto x) { return x / namedax::psum(x, "i"_ax); }, x);
+    xt::xarray<float> expected{0.f, 1.f / 6, 2.f / 6, 3.f / 6};
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+  }
+  TEST_CASE("psum with axis_index_groups [[0, 1], [2, 3]]") {
+    xt::xarray<int> x = xt::arange<int>(4);
+    auto f = [](auto x) { return namedax::psum(x, "i"_ax, {.axis_index_groups = {{0, 1}, {2, 3}}}); };
+    auto [v, p] = both_modes(f, x);
+    xt::xarray<int> expected{1, 1, 5, 5};
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+  }
+  TEST_CASE("psum of a 4x4 array, whole and in groups") {
+    xt::xarray<int> x = xt::arange<int>(16).reshape({4, 4});
+    auto [v, p] = both_modes([](auto x) { return namedax::psum(x, "i"_ax); }, x);
+    xt::xarray<int> row{24, 28, 32, 36};
+    xt::xarray<int> expected = xt::stack(xt::xtuple(row, row, row, row));
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+    auto g = [](auto x) { return namedax::psum(x, "i"_ax, {.axis_index_groups = {{0, 1}, {2, 3}}}); };
+    auto [gv, gp] = both_modes(g, x);
+    xt::xarray<int> grouped{{4, 6, 8, 10}, {4, 6, 8, 10}, {20, 22, 24, 26}, {20, 22, 24, 26}};
+    CHECK_BITWISE(gv, grouped);
+    CHECK_BITWISE(gp, grouped);
+  }
+  TEST_CASE("pmean: [0, 1, 2, 3] gives 1.5 (float32 from int)") {
+    xt::xarray<int> x = xt::arange<int>(4);
+    auto [v, p] = both_modes([](auto x) { return namedax::pmean(x, "i"_ax); }, x);
+    static_assert(std::is_same_v<decltype(v)::value_type, float>);
+    xt::xarray<float> expected{1.5f, 1.5f, 1.5f, 1.5f};
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+  }
+  TEST_CASE("pmean: x / pmean(x)") {
+    xt::xarray<float> x = xt::arange<float>(4);
+    auto [v, p] = both_modes([](auto x) { return x / namedax::pmean(x, "i"_ax); }, x);
+    xt::xarray<float> expected{0.f, 1.f / 1.5f, 2.f / 1.5f, 3.f / 1.5f};
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+  }
+  TEST_CASE("axis_index: 4 and 8 devices") {
+    for (std::size_t n : {4u, 8u}) {
+      xt::xarray<float> zeros = xt::zeros<float>({n});
+      auto [v, p] = both_modes([](auto) { return namedax::axis_index("i"_ax); }, zeros);
+      xt::xarray<std::int32_t> expected = xt::arange<std::int32_t>(static_cast<int>(n));
+      CHECK_BITWISE(v, expected);
+      CHECK_BITWISE(p, expected);
+    }
+  }
+  TEST_CASE("axis_index: nested pmap over i (4) and j (2)") {
+    xt::xarray<float> zeros = xt::zeros<float>({4, 2});
+    auto inner = [](auto) { return std::tuple{namedax::axis_index("i"_ax), namedax::axis_index("j"_ax)}; };
+    xt::xarray<std::int32_t> ei{{0, 0}, {1, 1}, {2, 2}, {3, 3}}, ej{{0, 1}, {0, 1}, {0, 1}, {0, 1}};
+    auto [pi, pj] = namedax::pmap<"i">(namedax::pmap<"j">(inner))(zeros);
+    CHECK_BITWISE(pi, ei);
+    CHECK_BITWISE(pj, ej);
+    auto [vi, vj] = namedax::vmap<"i">(namedax::vmap<"j">(inner))(zeros);
+    CHECK_BITWISE(vi, ei);
+    CHECK_BITWISE(vj, ej);
+    auto [mi, mj] = namedax::pmap<"i">(namedax::vmap<"j">(inner))(zeros);
+    CHECK_BITWISE(mi, ei);
+    CHECK_BITWISE(mj, ej);
+  }
+}
+
+TEST_SUITE("reductions") {
+  TEST_CASE("bool inputs sum as int32") {
+    xt::xarray<bool> x{true, false, true, true};
+    auto [v, p] = both_modes([](auto x) { return namedax::psum(x, "i"_ax); }, x);
+    static_assert(std::is_same_v<decltype(v)::value_type, std::int32_t>);
+    xt::xarray<std::int32_t> expected{3, 3, 3, 3};
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+  }
+  TEST_CASE("pmax and pmin, with NaN propagating") {
+    xt::xarray<float> x{{1.f, 5.f}, {7.f, -2.f}, {3.f, 4.f}};
+    auto [vmax, pmax] = both_modes([](auto x) { return namedax::pmax(x, "i"_ax); }, x);
+    auto [vmin, pmin] = both_modes([](auto x) { return namedax::pmin(x, "i"_ax); }, x);
+    xt::xarray<float> emax{{7.f, 5.f}, {7.f, 5.f}, {7.f, 5.f}}, emin{{1.f, -2.f}, {1.f, -2.f}, {1.f, -2.f}};
+    CHECK_BITWISE(vmax, emax);
+    CHECK_BITWISE(pmax, emax);
+    CHECK_BITWISE(vmin, emin);
+    CHECK_BITWISE(pmin, emin);
+    xt::xarray<float> with_nan{1.f, std::nanf(""), 3.f};
+    auto [vn, pn] = both_modes([](auto x) { return namedax::pmax(x, "i"_ax); }, with_nan);
+    CHECK(xt::all(xt::isnan(vn)));
+    CHECK(xt::all(xt::isnan(pn)));
+  }
+  TEST_CASE("a value that does not vary along the axis: psum gives size * x, pmax gives x") {
+    xt::xarray<float> x = xt::arange<float>(5);
+    xt::xarray<float> w{1.5f, -2.f};
+    auto f = [](auto, auto w) { return std::tuple{namedax::psum(w, "i"_ax), namedax::pmax(w, "i"_ax)}; };
+    for (auto [s, m] : {namedax::vmap<"i">(f, std::tuple{0, namedax::none})(x, w),
+                        namedax::pmap<"i">(f, std::tuple{0, namedax::none})(x, w)}) {
+      xt::xarray<float> es = xt::xarray<float>{{7.5f, -10.f}, {7.5f, -10.f}, {7.5f, -10.f}, {7.5f, -10.f}, {7.5f, -10.f}};
+      xt::xarray<float> em = xt::xarray<float>{{1.5f, -2.f}, {1.5f, -2.f}, {1.5f, -2.f}, {1.5f, -2.f}, {1.5f, -2.f}};
+      CHECK_BITWISE(s, es);
+      CHECK_BITWISE(m, em);
+    }
+    // A plain scalar: psum(1, "i") is the axis size, as in JAX.
+    auto size = namedax::vmap<"i">([](auto x) { return x * 0 + namedax::psum(1, "i"_ax); })(xt::xarray<int>{0, 0, 0});
+    CHECK_BITWISE(size, (xt::xarray<int>{3, 3, 3}));
+  }
+  TEST_CASE("names mixed with positional axes") {
+    xt::xarray<int> x = xt::arange<int>(24).reshape({4, 2, 3});
+    auto f = [](auto x) { return namedax::psum(x, namedax::axes("i"_ax, 1)); };
+    auto [v, p] = both_modes(f, x);
+    // Expected: for each device, sum over i and over positional axis 1 (the size-3 one).
+    xt::xarray<int> expected = xt::zeros<int>({4, 2});
+    for (std::size_t d = 0; d < 4; ++d)
+      for (std::size_t a = 0; a < 2; ++a)
+        for (std::size_t i = 0; i < 4; ++i)
+          for (std::size_t b = 0; b < 3; ++b) expected(d, a) += x(i, a, b);
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+    auto mean = [](auto x) { return namedax::pmean(x, namedax::axes(0, "i"_ax)); };
+    auto [mv, mp] = both_modes(mean, x);
+    xt::xarray<float> emean = xt::zeros<float>({4, 3});
+    for (std::size_t d = 0; d < 4; ++d)
+      for (std::size_t b = 0; b < 3; ++b) {
+        int s = 0;
+        for (std::size_t i = 0; i < 4; ++i)
+          for (std::size_t a = 0; a < 2; ++a) s += x(i, a, b);
+        emean(d, b) = static_cast<float>(s) / 8.f;
+      }
+    CHECK_BITWISE(mv, emean);
+    CHECK_BITWISE(mp, emean);
+  }
+  TEST_CASE("several names: nested maps, psum over i, over j and over both") {
+    xt::xarray<double> x = xt::arange<double>(24).reshape({4, 3, 2});
+    auto sums = [](auto x) {
+      return std::tuple{namedax::psum(x, "i"_ax), namedax::psum(x, "j"_ax), namedax::psum(x, namedax::axes("i"_ax, "j"_ax))};
+    };
+    xt::xarray<double> si = xt::zeros<double>({4, 3, 2}), sj = si, sij = si;
+    for (std::size_t i = 0; i < 4; ++i)
+      for (std::size_t j = 0; j < 3; ++j)
+        for (std::size_t k = 0; k < 2; ++k)
+          for (std::size_t a = 0; a < 4; ++a)
+            for (std::size_t b = 0; b < 3; ++b) {
+              if (b == j) si(i, j, k) += x(a, b, k);
+              if (a == i) sj(i, j, k) += x(a, b, k);
+              sij(i, j, k) += x(a, b, k);
+            }
+    auto check = [&](auto result) {
+      auto [ri, rj, rij] = result;
+      CHECK_BITWISE(ri, si);
+      CHECK_BITWISE(rj, sj);
+      CHECK_BITWISE(rij, sij);
+    };
+    check(namedax::vmap<"i">(namedax::vmap<"j">(sums))(x));
+    check(namedax::pmap<"i">(namedax::vmap<"j">(sums))(x));
+    check(namedax::vmap<"i">(namedax::pmap<"j">(sums))(x));
+    check(namedax::pmap<"i">(namedax::pmap<"j">(sums))(x));
+  }
+  TEST_CASE("axis_index over two names is row-major in the order given") {
+    xt::xarray<float> zeros = xt::zeros<float>({3, 2});
+    auto f = [](auto) {
+      return std::tuple{namedax::axis_index(namedax::axes("i"_ax, "j"_ax)), namedax::axis_index(namedax::axes("j"_ax, "i"_ax)),
+                        namedax::axis_size(namedax::axes("i"_ax, "j"_ax))};
+    };
+    xt::xarray<std::int32_t> eij{{0, 1}, {2, 3}, {4, 5}}, eji{{0, 3}, {1, 4}, {2, 5}};
+    for (auto [ij, ji, n] : {namedax::vmap<"i">(namedax::vmap<"j">(f))(zeros), namedax::pmap<"i">(namedax::vmap<"j">(f))(zeros),
+                             namedax::pmap<"i">(namedax::pmap<"j">(f))(zeros)}) {
+      CHECK_BITWISE(ij, eij);
+      CHECK_BITWISE(ji, eji);
+      CHECK(xt::all(xt::equal(n, 6)));
+    }
+  }
+  TEST_CASE("groups with uneven sizes: pmean divides by the caller's own group size") {
+    xt::xarray<float> x{1.f, 2.f, 3.f, 4.f, 6.f};
+    auto f = [](auto x) { return namedax::pmean(x, "i"_ax, {.axis_index_groups = {{0, 2}, {3, 1, 4}}}); };
+    auto [v, p] = both_modes(f, x);
+    xt::xarray<float> expected{2.f, 4.f, 2.f, 4.f, 4.f};
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+  }
+  TEST_CASE("pytrees: a tuple and an array of values") {
+    xt::xarray<int> x = xt::arange<int>(4);
+    auto f = [](auto x) {
+      auto [a, b] = namedax::psum(std::tuple{x, x * 2}, "i"_ax);
+      auto arr = namedax::pmax(std::array{x + 0, x + 1}, "i"_ax);
+      return std::tuple{a, b, arr[0], arr[1]};
+    };
+    for (auto [a, b, c, d] : {namedax::vmap<"i">(f)(x), namedax::pmap<"i">(f)(x)}) {
+      CHECK(xt::all(xt::equal(a, 6)));
+      CHECK(xt::all(xt::equal(b, 12)));
+      CHECK(xt::all(xt::equal(c, 3)));
+      CHECK(xt::all(xt::equal(d, 4)));
+    }
+  }
+}
+
+TEST_SUITE("bad input") {
+  template <class F>
+  std::string error_of(F f) {
+    try {
+      f();
+    } catch (const namedax::error& e) {
+      return e.what();
+    }
+    return "no error";
+  }
+  TEST_CASE("groups that miss, repeat or overflow indices name psum, the axis and the size") {
+    xt::xarray<int> x = xt::arange<int>(4);
+    auto with = [&](std::vector<std::vector<int>> groups) {
+      auto f = [groups](auto x) { return namedax::psum(x, "i"_ax, {.axis_index_groups = groups}); };
+      return std::pair{error_of([&] { namedax::vmap<"i">(f)(x); }), error_of([&] { namedax::pmap<"i">(f)(x); })};
+    };
+    for (auto [v, p] : {with({{0, 1}, {2}}), with({{0, 1}, {1, 2, 3}}), with({{0, 1}, {2, 7}})}) {
+      CHECK(v.find("namedax::psum") != std::string::npos);
+      CHECK(v.find("'i'") != std::string::npos);
+      CHECK(v.find("size 4") != std::string::npos);
+      CHECK(p.find("namedax::psum") != std::string::npos);
+    }
+    CHECK(with({{0, 1}, {2}}).first.find("do not contain index 3") != std::string::npos);
+    CHECK(with({{0, 1}, {1, 2, 3}}).first.find("index 1 twice") != std::string::npos);
+    CHECK(with({{0, 1}, {2, 7}}).first.find("index 7") != std::string::npos);
+  }
+  TEST_CASE("groups with positional axes, and positional axes out of range") {
+    xt::xarray<int> x = xt::arange<int>(8).reshape({4, 2});
+    auto grouped = [](auto x) { return namedax::psum(x, namedax::axes("i"_ax, 0), {.axis_index_groups = {{0, 1, 2, 3}}}); };
+    CHECK(error_of([&] { namedax::vmap<"i">(grouped)(x); }).find("positional") != std::string::npos);
+    auto out_of_range = [](auto x) { return namedax::psum(x, namedax::axes("i"_ax, 3)); };
+    auto message = error_of([&] { namedax::pmap<"i">(out_of_range)(x); });
+    CHECK(message.find("namedax::psum: positional axis 3 is out of range for a value of positional rank 1") != std::string::npos);
+  }
+}
+
+TEST_SUITE("differential") {
+  // vmap and pmap agree bit for bit, on random shapes, sizes, dtypes and options.
+  template <class T>
+  void differential_run(std::mt19937& rng) {
+    std::uniform_int_distribution<std::size_t> size_of(1, 8), rank_of(1, 3), extent(1, 4);
+    const std::size_t n = size_of(rng);
+    std::vector<std::size_t> shape{n};
+    for (std::size_t k = rank_of(rng); k > 0; --k) shape.push_back(extent(rng));
+    auto x = namedax_test::random_array<T>(rng, shape);
+    // Random groups: a shuffled partition of 0..n-1 into a few groups.
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<std::vector<int>> groups(std::uniform_int_distribution<std::size_t>(1, n)(rng));
+    for (std::size_t k = 0; k < n; ++k) groups[k % groups.size()].push_back(order[k]);
+    const int rank = static_cast<int>(shape.size()) - 1;
+    const int positional = std::uniform_int_distribution<int>(-rank, rank - 1)(rng);
+    CAPTURE(n);
+    CAPTURE(rank);
+    CAPTURE(positional);
+
+    auto f = [&](auto x) {
+      return std::tuple{namedax::psum(x, "i"_ax),
+                        namedax::pmean(x, "i"_ax),
+                        namedax::pmax(x, "i"_ax),
+                        namedax::pmin(x, "i"_ax),
+                        namedax::psum(x, namedax::axes("i"_ax, positional)),
+                        namedax::pmean(x, namedax::axes(positional, "i"_ax)),
+                        namedax::psum(x, "i"_ax, {.axis_index_groups = groups}),
+                        namedax::pmean(x, "i"_ax, {.axis_index_groups = groups}),
+                        namedax::pmax(x, "i"_ax, {.axis_index_groups = groups}),
+                        namedax::pmin(x, "i"_ax, {.axis_index_groups = groups}),
+                        x * namedax::axis_index("i"_ax) / namedax::psum(x * x + 1, "i"_ax)};
+    };
+    auto v = namedax::vmap<"i">(f)(x);
+    auto p = namedax::pmap<"i">(f)(x);
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      ([&] { CHECK_BITWISE(std::get<K>(v), std::get<K>(p)); }(), ...);
+    }(std::make_index_sequence<std::tuple_size_v<decltype(v)>>{});
+    // And against a naive loop for the plain psum, summing in index order.
+    xt::xarray<typename std::decay_t<decltype(std::get<0>(v))>::value_type> expected = xt::zeros_like(std::get<0>(v));
+    for (std::size_t d = 0; d < n; ++d)
+      for (std::size_t i = 0; i < n; ++i) xt::view(expected, d) += xt::view(x, i);
+    CHECK_BITWISE(std::get<0>(v), expected);
+  }
+
+  TEST_CASE_TEMPLATE("vmap and pmap agree bitwise on random inputs", T, float, double, std::int32_t, bool) {
+    std::mt19937 rng(20261202);
+    for (int run = 0; run < 12; ++run) differential_run<T>(rng);
+  }
+}
