@@ -51,12 +51,6 @@ consteval axis<Name> operator""_ax() { return {}; }
 /// Positional and named axes together, as JAX's `axes=("i", "j", 0)`:
 /// `namedax::axes("i"_ax, "j"_ax, 0)`. Names keep the order given (it fixes row-major
 /// indices over several names); positional axes are runtime ints.
-template <std::size_t Positional, Axis... Names>
-struct axis_list {
-  std::array<int, Positional> positional{};
-  static constexpr std::size_t named_count = sizeof...(Names);
-};
-
 namespace detail {
 template <class... T>
 struct type_list {};
@@ -67,7 +61,17 @@ inline constexpr bool occurs_once_in = (std::size_t{same_axis<A, Rest>} + ... + 
 // Named so that a failing static_assert prints the offending axes.
 template <class... Names>
 inline constexpr bool axes_are_distinct = (occurs_once_in<Names, Names...> && ...);
+}  // namespace detail
 
+template <std::size_t Positional, Axis... Names>
+struct axis_list {
+  static_assert(detail::axes_are_distinct<Names...>,
+                "namedax::axes: an axis name is given twice; name each axis once");
+  std::array<int, Positional> positional{};
+  static constexpr std::size_t named_count = sizeof...(Names);
+};
+
+namespace detail {
 template <std::size_t K, class List, class... Rest>
 struct make_axis_list;
 template <std::size_t K, class... Names>

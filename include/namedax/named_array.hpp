@@ -292,23 +292,18 @@ struct deferred {
   }
 };
 
-// Elementwise operators. The (xexpression, named) overloads are more specialized than
-// xtensor's own forwarding operators, so mixing the two is never ambiguous.
+/// A named value or one waiting for its environment: what makes an expression namedax's.
+template <class T>
+concept NamedOperand = NamedValue<T> || DeferredValue<T>;
+
+// Elementwise operators. Forwarding parameters, like xtensor's own operators, so that for
+// (xtensor array, named value) both are equally good matches and these, being constrained,
+// are chosen.
 #define NAMEDAX_BINARY_OPERATOR(op, xfn)                                                            \
-  template <Operand L, Operand R>                                                                  \
-    requires(NamedValue<L> || DeferredValue<L> || NamedValue<R> || DeferredValue<R>)               \
-  auto op(const L& l, const R& r) {                                                                \
+  template <class L, class R>                                                                      \
+    requires(Operand<L> && Operand<R> && (NamedOperand<L> || NamedOperand<R>))                     \
+  auto op(L&& l, R&& r) {                                                                          \
     return detail::elementwise([](auto&& a, auto&& b) { return xfn; }, l, r);                      \
-  }                                                                                                \
-  template <class D, Operand R>                                                                    \
-    requires(NamedValue<R> || DeferredValue<R>)                                                    \
-  auto op(const xt::xexpression<D>& l, const R& r) {                                               \
-    return detail::elementwise([](auto&& a, auto&& b) { return xfn; }, l.derived_cast(), r);       \
-  }                                                                                                \
-  template <Operand L, class D>                                                                    \
-    requires(NamedValue<L> || DeferredValue<L>)                                                    \
-  auto op(const L& l, const xt::xexpression<D>& r) {                                               \
-    return detail::elementwise([](auto&& a, auto&& b) { return xfn; }, l, r.derived_cast());       \
   }
 
 #define NAMEDAX_FWD(x) std::forward<decltype(x)>(x)
@@ -330,9 +325,8 @@ NAMEDAX_BINARY_OPERATOR(pow, xt::pow(NAMEDAX_FWD(a), NAMEDAX_FWD(b)))
 #undef NAMEDAX_BINARY_OPERATOR
 
 #define NAMEDAX_UNARY_FUNCTION(name, xfn)                                                    \
-  template <Operand X>                                                                       \
-    requires(NamedValue<X> || DeferredValue<X>)                                              \
-  auto name(const X& x) {                                                                    \
+  template <NamedOperand X>                                                                  \
+  auto name(X&& x) {                                                                         \
     return detail::elementwise([](auto&& a) { return xfn; }, x);                             \
   }
 
@@ -348,20 +342,34 @@ NAMEDAX_UNARY_FUNCTION(square, xt::square(NAMEDAX_FWD(a)))
 
 /// `where(condition, a, b)`: elementwise choice, broadcasting by name.
 template <Operand C, Operand A, Operand B>
-  requires(NamedValue<C> || DeferredValue<C> || NamedValue<A> || DeferredValue<A> || NamedValue<B> ||
-           DeferredValue<B>)
+  requires(NamedOperand<C> || NamedOperand<A> || NamedOperand<B>)
 auto where(const C& c, const A& a, const B& b) {
   return detail::elementwise([](auto&& p, auto&& q, auto&& r) { return xt::where(NAMEDAX_FWD(p), NAMEDAX_FWD(q), NAMEDAX_FWD(r)); },
                              c, a, b);
 }
 
 /// `cast<float>(x)`: converts the element type.
-template <class T, Operand X>
-  requires(NamedValue<X> || DeferredValue<X>)
+template <class T, NamedOperand X>
 auto cast(const X& x) {
   return detail::elementwise([](auto&& a) { return xt::cast<T>(NAMEDAX_FWD(a)); }, x);
 }
 #undef NAMEDAX_FWD
+
+/// Inserts a positional dimension of size 1 at `axis` (NumPy's expand_dims), so that a
+/// vector broadcasts against a matrix along its rows: `expand_dims(r, 1) * X`.
+template <NamedValue X>
+auto expand_dims(const X& x, int axis) {
+  using value = typename X::value_type;
+  xt::xarray<value> a = detail::evaluate(x.payload());
+  const int rank = static_cast<int>(x.dimension());
+  const int at = axis < 0 ? axis + rank + 1 : axis;
+  if (at < 0 || at > rank)
+    detail::fail("namedax::expand_dims: axis ", axis, " is out of range for a value of positional rank ", rank);
+  std::vector<std::size_t> shape(a.shape().begin(), a.shape().end());
+  shape.insert(shape.begin() + at, 1);
+  a.reshape(shape);
+  return detail::make_named<detail::shared_array<value>, typename X::env_type, X::varying>(xt::make_xshared(std::move(a)));
+}
 
 /// Evaluates a lazy named expression into a named value that owns its data, like `xt::eval`.
 template <NamedValue X>

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages namedax needs, when some are missing (as root, with apt-get).
+set -euo pipefail
+packages=(cmake make g++ libxtensor-dev xtl-dev libxsimd-dev libboost-dev libtbb-dev doctest-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "namedax needs these Debian packages: ${missing[*]}; run as root or install them with apt-get" >&2
+    exit 1
+  fi
+  echo "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: MIT
+// vmap and pmap: in_axes, out_axes, axis_size, tuple outputs, outputs that do not vary,
+// nesting, and their errors.
+#include "test_support.hpp"
+
+using namespace namedax::literals;
+
+TEST_SUITE("maps") {
+  TEST_CASE("in_axes per argument and out_axes") {
+    xt::xarray<int> a = xt::arange<int>(6).reshape({2, 3});  // mapped along dim 1 (size 3)
+    xt::xarray<int> b{100, 200, 300};                        // mapped along dim 0
+    auto f = [](auto a, auto b) { return a + b; };           // (2,) per index
+    auto v = namedax::vmap<"i">(f, std::tuple{1, 0})(a, b);
+    auto p = namedax::pmap<"i">(f, std::tuple{1, 0})(a, b);
+    xt::xarray<int> expected{{100, 103}, {201, 204}, {302, 305}};
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+    auto v1 = namedax::vmap<"i">(f, std::tuple{1, 0}, 1)(a, b);  // out_axes 1
+    auto p1 = namedax::pmap<"i">(f, std::tuple{1, -1}, -1)(a, b);
+    xt::xarray<int> transposed = xt::transpose(expected);
+    CHECK_BITWISE(v1, transposed);
+    CHECK_BITWISE(p1, transposed);
+  }
+
+  TEST_CASE("an output that does not vary along the axis is broadcast, as in JAX") {
+    xt::xarray<float> x = xt::arange<float>(3);
+    auto f = [](auto) { return xt::xarray<float>{7.f, 8.f}; };
+    xt::xarray<float> expected{{7.f, 8.f}, {7.f, 8.f}, {7.f, 8.f}};
+    CHECK_BITWISE(namedax::vmap<"i">(f)(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x), expected);
+    auto constant = [](auto) { return 2.5; };
+    CHECK_BITWISE(namedax::pmap<"i">(constant)(x), (xt::xarray<double>{2.5, 2.5, 2.5}));
+  }
+
+  TEST_CASE("nothing mapped: axis_size gives the size") {
+    xt::xarray<float> w{1.f, 2.f};
+    auto f = [](auto w) { return w * namedax::axis_index("i"_ax); };
+    xt::xarray<float> expected{{0.f, 0.f}, {1.f, 2.f}, {2.f, 4.f}};
+    CHECK_BITWISE(namedax::vmap<"i">(f, namedax::none, 0, 3)(w), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(f, namedax::none, 0, 3)(w), expected);
+    CHECK_THROWS_WITH_AS(namedax::vmap<"i">(f, namedax::none)(w), doctest::Contains("pass axis_size"), namedax::error);
+  }
+
+  TEST_CASE("mapped arguments of different sizes are an error naming both") {
+    xt::xarray<float> a = xt::zeros<float>({4}), b = xt::zeros<float>({3});
+    auto f = [](auto a, auto b) { return a + b; };
+    for (auto message : {doctest::Contains("namedax::vmap<\"i\">: mapped arguments differ in size along the axis: "
+                                           "argument 0 has 4, argument 1 has 3")}) {
+      CHECK_THROWS_WITH_AS(namedax::vmap<"i">(f)(a, b), message, namedax::error);
+    }
+    CHECK_THROWS_WITH_AS(namedax::pmap<"i">(f)(a, b), doctest::Contains("argument 0 has 4, argument 1 has 3"),
+                         namedax::error);
+    CHECK_THROWS_WITH_AS(namedax::vmap<"i">(f, 1)(a, a), doctest::Contains("in_axes of argument 0 1 is out of range"),
+                         namedax::error);
+  }
+
+  TEST_CASE("nested maps: every mix of vmap and pmap, outputs stacked outermost first") {
+    xt::xarray<int> x = xt::arange<int>(12).reshape({3, 4});
+    auto f = [](auto x) { return x * 10 + namedax::axis_index("j"_ax); };
+    xt::xarray<int> expected = x * 10 + xt::xarray<int>{0, 1, 2, 3};
+    CHECK_BITWISE(namedax::vmap<"i">(namedax::vmap<"j">(f))(x), expected);
+    CHECK_BITWISE(namedax::vmap<"i">(namedax::pmap<"j">(f))(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(namedax::vmap<"j">(f))(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(namedax::pmap<"j">(f))(x), expected);
+    // The inner map over dim 1 of the original, out_axes moving it first.
+    auto g = namedax::vmap<"i">(namedax::pmap<"j">(f, 0, 0), 1, 1);
+    xt::xarray<int> swapped = xt::transpose(x);
+    xt::xarray<int> column = xt::arange<int>(4).reshape({4, 1});
+    CHECK_BITWISE(g(swapped), (swapped * 10 + column));
+  }
+
+  TEST_CASE("psum over an outer vmap axis from inside an inner pmap (pmap<i>(vmap<j>) and back)") {
+    xt::xarray<double> x = xt::arange<double>(12).reshape({4, 3});
+    auto f = [](auto x) { return std::tuple{x / namedax::psum(x, "i"_ax), namedax::psum(x, "j"_ax)}; };
+    auto [a1, b1] = namedax::vmap<"i">(namedax::vmap<"j">(f))(x);
+    auto [a2, b2] = namedax::pmap<"i">(namedax::vmap<"j">(f))(x);
+    auto [a3, b3] = namedax::vmap<"i">(namedax::pmap<"j">(f))(x);
+    CHECK_BITWISE(a1, a2);
+    CHECK_BITWISE(a1, a3);
+    CHECK_BITWISE(b1, b2);
+    CHECK_BITWISE(b1, b3);
+    CHECK(a1(1, 2) == doctest::Approx(5.0 / (2 + 5 + 8 + 11)));
+    CHECK(b1(1, 2) == 3 + 4 + 5);
+  }
+
+  TEST_CASE("a captured outer value in an inner map that receives a named argument") {
+    xt::xarray<int> x = xt::arange<int>(6).reshape({2, 3});
+    auto outer = [](auto row) {
+      auto scale = namedax::axis_index("i"_ax) + 1;  // varies along i only
+      auto inner = [&](auto v) { return v * scale; };
+      return namedax::vmap<"j">(inner)(row);
+    };
+    xt::xarray<int> expected{{0, 1, 2}, {6, 8, 10}};
+    CHECK_BITWISE(namedax::vmap<"i">(outer)(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(outer)(x), expected);
+  }
+}

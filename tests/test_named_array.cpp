@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: MIT
+// Named values: broadcasting by name, scalars and xtensor arrays mixing in, lazy expressions
+// that outlive their operands, and SPMD values.
+#include "test_support.hpp"
+
+using namespace namedax::literals;
+
+TEST_SUITE("named values") {
+  TEST_CASE("arithmetic broadcasts by name, whatever order the names came in") {
+    // a varies along i only, b along j only: a + b varies along both, as an outer sum.
+    xt::xarray<int> a{0, 10, 20}, b{1, 2};
+    auto f = [](auto a, auto b) {
+      auto outer = [](auto b, auto a) { return std::tuple{a + b, b - a, a * b}; };
+      return namedax::vmap<"j">(outer, std::tuple{0, namedax::none})(b, a);
+    };
+    auto check = [&](auto result) {
+      auto [sum, difference, product] = result;
+      xt::xarray<int> es{{1, 2}, {11, 12}, {21, 22}}, ed{{1, 2}, {-9, -8}, {-19, -18}}, ep{{0, 0}, {10, 20}, {20, 40}};
+      CHECK_BITWISE(sum, es);
+      CHECK_BITWISE(difference, ed);
+      CHECK_BITWISE(product, ep);
+    };
+    check(namedax::vmap<"i">(f, std::tuple{0, namedax::none})(a, b));
+    check(namedax::pmap<"i">(f, std::tuple{0, namedax::none})(a, b));
+  }
+
+  TEST_CASE("positional dims broadcast NumPy-style, right-aligned, under the names") {
+    xt::xarray<float> x = xt::arange<float>(6).reshape({3, 2});  // mapped along dim 0: each slice (2,)
+    xt::xarray<float> m{{1.f, 2.f}, {3.f, 4.f}, {5.f, 6.f}, {7.f, 8.f}};  // plain (4, 2)
+    auto f = [&](auto x) { return x * m + 1.f; };                          // (4, 2) per index
+    auto v = namedax::vmap<"i">(f)(x);
+    auto p = namedax::pmap<"i">(f)(x);
+    REQUIRE(v.shape() == std::vector<std::size_t>{3, 4, 2});
+    for (std::size_t i = 0; i < 3; ++i)
+      for (std::size_t r = 0; r < 4; ++r)
+        for (std::size_t c = 0; c < 2; ++c) CHECK(v(i, r, c) == x(i, c) * m(r, c) + 1.f);
+    CHECK_BITWISE(v, p);
+  }
+
+  TEST_CASE("comparisons, where, unary functions and casts") {
+    xt::xarray<float> x{-2.f, -0.5f, 0.f, 3.f};
+    auto f = [](auto x) {
+      auto positive = x > 0.f;
+      return std::tuple{namedax::where(positive, x, -x), namedax::cast<int>(x == 0.f), namedax::exp(x * 0.f),
+                        namedax::maximum(x, 0.f), -x, namedax::sqrt(namedax::square(x))};
+    };
+    for (auto [absolute, is_zero, ones, relu, negated, root] : {namedax::vmap<"i">(f)(x), namedax::pmap<"i">(f)(x)}) {
+      CHECK_BITWISE(absolute, (xt::xarray<float>{2.f, 0.5f, -0.f, 3.f}));  // where(0 > 0, 0, -0)
+      CHECK_BITWISE(is_zero, (xt::xarray<int>{0, 0, 1, 0}));
+      CHECK_BITWISE(ones, (xt::xarray<float>{1.f, 1.f, 1.f, 1.f}));
+      CHECK_BITWISE(relu, (xt::xarray<float>{0.f, 0.f, 0.f, 3.f}));
+      CHECK_BITWISE(negated, (xt::xarray<float>{2.f, 0.5f, -0.f, -3.f}));
+      CHECK_BITWISE(root, (xt::xarray<float>{2.f, 0.5f, 0.f, 3.f}));
+    }
+  }
+
+  TEST_CASE("a lazy expression outlives the locals it was built from") {
+    xt::xarray<double> x = xt::arange<double>(5);
+    auto f = [](auto x) {
+      auto scaled = x * 2.0;                 // a lazy expression in a local
+      auto total = namedax::psum(x, "i"_ax);  // a collective result in a local
+      return scaled / total + 1.0;           // returned after both locals are gone
+    };
+    xt::xarray<double> expected = xt::arange<double>(5) * 2.0 / 10.0 + 1.0;
+    CHECK_BITWISE(namedax::vmap<"i">(f)(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x), expected);
+  }
+
+  TEST_CASE("eval and expand_dims keep the names") {
+    xt::xarray<float> x = xt::arange<float>(6).reshape({2, 3});
+    auto f = [](auto x) {
+      auto e = namedax::eval(x + 1.f);
+      static_assert(decltype(e)::varying == decltype(x)::varying);
+      auto column = namedax::expand_dims(e, 1);  // (3,) -> (3, 1)
+      CHECK(column.shape() == std::vector<std::size_t>{3, 1});
+      return column * xt::xarray<float>{1.f, 10.f};  // (3, 2)
+    };
+    auto v = namedax::vmap<"i">(f)(x);
+    REQUIRE(v.shape() == std::vector<std::size_t>{2, 3, 2});
+    CHECK(v(1, 2, 1) == (x(1, 2) + 1.f) * 10.f);
+    CHECK_BITWISE(v, namedax::pmap<"i">(f)(x));
+  }
+
+  TEST_CASE("SPMD control flow: one value per device under pmap") {
+    xt::xarray<int> x{5, 6, 7, 8};
+    auto f = [](auto x) {
+      // axis_index is concrete on each device: rank-0 style branching works as in MPI.
+      int extra = 0;
+      if (namedax::axis_index("i"_ax) == 0) extra = 100;
+      if (x.value() > 6) extra += 1;
+      return x + extra;
+    };
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x), (xt::xarray<int>{105, 6, 8, 9}));
+  }
+
+  TEST_CASE("a condition on axis_index under vmap is a clear runtime error") {
+    xt::xarray<int> x{5, 6};
+    auto f = [](auto x) {
+      if (namedax::axis_index("i"_ax) == 0) return namedax::eval(x + 1);
+      return namedax::eval(x + 0);
+    };
+    CHECK_THROWS_WITH_AS(namedax::vmap<"i">(f)(x), doctest::Contains("is many values under vmap"), namedax::error);
+  }
+
+  TEST_CASE("static sizes: a mismatch with the arguments is an error naming the sizes") {
+    xt::xarray<float> x = xt::zeros<float>({5});
+    auto f = [](auto x) { return x; };
+    auto static5 = namedax::vmap<"i", 5>(f);
+    auto static4 = namedax::vmap<"i", 4>(f);
+    auto static4_devices = namedax::pmap<"i", 4>(f);
+    CHECK_BITWISE(static5(x), x);
+    CHECK_THROWS_WITH_AS(static4(x), doctest::Contains("static size 4 but the arguments give 5"), namedax::error);
+    CHECK_THROWS_WITH_AS(static4_devices(x), doctest::Contains("static size 4 but the arguments give 5"),
+                         namedax::error);
+  }
+}
