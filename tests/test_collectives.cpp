@@ -193,6 +193,19 @@ TEST_SUITE("reductions") {
       CHECK(xt::all(xt::equal(n, 6)));
     }
   }
+  TEST_CASE("collectives on axis_index before it meets a mapped value") {
+    xt::xarray<float> zeros = xt::zeros<float>({5});
+    auto f = [](auto) {
+      auto i = namedax::axis_index("i"_ax);
+      return std::tuple{namedax::psum(i, "i"_ax), namedax::pmax(i * 2, "i"_ax), i - namedax::pmin(i + 3, "i"_ax)};
+    };
+    xt::xarray<std::int32_t> sums{10, 10, 10, 10, 10}, maxes{8, 8, 8, 8, 8}, shifted{-3, -2, -1, 0, 1};
+    for (auto [s, m, d] : {namedax::vmap<"i">(f)(zeros), namedax::pmap<"i">(f)(zeros)}) {
+      CHECK_BITWISE(s, sums);
+      CHECK_BITWISE(m, maxes);
+      CHECK_BITWISE(d, shifted);
+    }
+  }
   TEST_CASE("groups with uneven sizes: pmean divides by the caller's own group size") {
     xt::xarray<float> x{1.f, 2.f, 3.f, 4.f, 6.f};
     auto f = [](auto x) { return namedax::pmean(x, "i"_ax, {.axis_index_groups = {{0, 2}, {3, 1, 4}}}); };

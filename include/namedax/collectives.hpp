@@ -66,7 +66,8 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     auto later = [x, list, groups]<class Env>(Env) {
       return all_reduce_leaf<Verb, K, Grouped>(x.template resolve<Env>(), list, groups);
     };
-    return typename deferred_from<decltype(later), typename deferred_names<X, deferred<void, Names...>>::type>::type{later};
+    using awaited = typename type_list_cat<names_awaited_t<X>, type_list<Names...>>::type;
+    return typename deferred_from<decltype(later), awaited>::type{later};
   } else if constexpr (NamedValue<X>) {
     using Env = typename X::env_type;
     require_bound<Verb, Env, Names...>();

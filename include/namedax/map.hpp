@@ -215,7 +215,7 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
   using result_type = decltype(call(0));
 
   if constexpr (P == placement::vectorized) {
-    frame_scope scope(frame{A::name, n, placement::vectorized});
+    frame_scope scope(frame{A::name, n, placement::vectorized, 0, nullptr});
     auto result = call(0);
     return tree_map(result, [&](const auto& leaf) {
       auto named_leaf = to_inner<Inner>(leaf);

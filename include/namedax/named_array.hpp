@@ -192,26 +192,26 @@ decltype(auto) resolve_in(const X& x) {
   else return (x);
 }
 
-template <class... Xs>
-struct deferred_names {
-  template <class X>
-  struct of {
-    using type = type_list<>;
-  };
-  template <class Fn, class... Names>
-  struct of<deferred<Fn, Names...>> {
-    using type = type_list<Names...>;
-  };
-  template <class... Lists>
-  struct cat;
-  template <class... Ns>
-  struct cat<type_list<Ns...>> {
-    using type = type_list<Ns...>;
-  };
-  template <class... A, class... B, class... Rest>
-  struct cat<type_list<A...>, type_list<B...>, Rest...> : cat<type_list<A..., B...>, Rest...> {};
-  using type = typename cat<type_list<>, typename of<std::remove_cvref_t<Xs>>::type...>::type;
+template <class... Lists>
+struct type_list_cat;
+template <class... Ns>
+struct type_list_cat<type_list<Ns...>> {
+  using type = type_list<Ns...>;
 };
+template <class... A, class... B, class... Rest>
+struct type_list_cat<type_list<A...>, type_list<B...>, Rest...> : type_list_cat<type_list<A..., B...>, Rest...> {};
+
+/// The axis names a deferred operand waits for; none for other operands.
+template <class X>
+struct names_awaited {
+  using type = type_list<>;
+};
+template <class Fn, class... Names>
+struct names_awaited<deferred<Fn, Names...>> {
+  using type = type_list<Names...>;
+};
+template <class... Xs>
+using names_awaited_t = typename type_list_cat<type_list<>, typename names_awaited<std::remove_cvref_t<Xs>>::type...>::type;
 
 template <class Fn, class List>
 struct deferred_from;
@@ -253,7 +253,7 @@ auto elementwise(Fn fn, const Xs&... xs) {
       return elementwise(fn, resolve_in<Env>(xs)...);
     } else {
       auto later = [fn, xs...]<class Env>(Env) { return elementwise(fn, resolve_in<Env>(xs)...); };
-      using names = typename deferred_names<Xs...>::type;
+      using names = names_awaited_t<Xs...>;
       return typename deferred_from<decltype(later), names>::type{later};
     }
   } else {
