@@ -75,12 +75,24 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     using R = reduction_result_t<K, typename X::value_type>;
     auto op = reduction_op<K>();
 
-    xt::xarray<T> a = evaluate<T>(x.payload());
-    const std::size_t rank = a.dimension() - Env::vectorized_count;
+    // Read the payload where it lies when it is strided memory of the right type.
+    xt::xarray<T> storage;
+    strided_block<T> in = [&] {
+      if constexpr (StridedMemory<typename X::payload_type> && std::is_same_v<typename X::value_type, T>) {
+        return block_of(x.payload());
+      } else {
+        storage = evaluate<T>(x.payload());
+        return block_of(storage);
+      }
+    }();
+    const std::size_t rank = in.shape.size() - Env::vectorized_count;
     auto dims = canonical_positional(verb, list.positional, rank);
     float positional_count = 1;
-    for (auto d : dims) positional_count *= static_cast<float>(a.shape()[d]);
-    if (!dims.empty()) a = reduce_positional<T>(a, dims, op);
+    for (auto d : dims) positional_count *= static_cast<float>(in.shape[d]);
+    if (!dims.empty()) {
+      storage = reduce_positional<T>(in, dims, op);
+      in = block_of(storage);
+    }
     const std::size_t kept_rank = rank - dims.size();
 
     std::array<reduced_axis, sizeof...(Names)> named_axes{[&] {
@@ -89,7 +101,7 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
       return reduced_axis{Names::name, Env::places[k], f.size, ((X::varying >> k) & 1) != 0,
                           kept_rank + Env::vectorized_slot(k), f.index};
     }()...};
-    auto [sum, divisor] = reduce_named<T>(verb, a, named_axes, groups, K == reduction::sum || K == reduction::mean, op);
+    auto [sum, divisor] = reduce_named<T>(verb, std::move(in), named_axes, groups, K == reduction::sum || K == reduction::mean, op);
 
     constexpr axis_mask reduced = Env::template mask_of<Names...>();
     // Without groups the result is the same along the reduced axes; with groups it is not.
@@ -117,7 +129,7 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
       auto dims = canonical_positional(verb, list.positional, a.dimension());
       float count = 1;
       for (auto d : dims) count *= static_cast<float>(a.shape()[d]);
-      if (!dims.empty()) a = reduce_positional<T>(a, dims, reduction_op<K>());
+      if (!dims.empty()) a = reduce_positional<T>(block_of(a), dims, reduction_op<K>());
       if constexpr (K == reduction::sum) return xt::xarray<T>(a * static_cast<T>(size));
       else if constexpr (K == reduction::mean) return xt::xarray<reduction_result_t<K, V>>(xt::cast<reduction_result_t<K, V>>(a) / count);
       else return a;

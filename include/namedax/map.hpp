@@ -106,42 +106,39 @@ auto to_inner(const L& leaf) {
 template <class Inner, class L>
 inline constexpr axis_mask result_mask = decltype(to_inner<Inner>(std::declval<const L&>()))::varying;
 
-/// The map's output for one result leaf: `a` has the map's positional dims then the outer
-/// environment's vectorized dims; `axis` (size n, stride `step`) goes to position out_axes.
+/// The map's output for one result leaf, from one slab per index of the mapped axis (each
+/// with the positional dims, then the outer environment's vectorized dims): the new axis
+/// goes to position out_axes, and the value keeps the outer environment.
 template <class Outer, axis_mask Varying, class T>
-auto map_output(std::string_view verb, std::string_view name, const xt::xarray<T>& a, std::size_t positional,
-                std::size_t n, std::ptrdiff_t step, int out_axes,
-                std::type_identity_t<std::span<const xt::xarray<T>* const>> parts = {}) {
+auto map_output(std::string_view verb, std::string_view name, const std::vector<strided_block<T>>& slabs,
+                int out_axes) {
+  const auto& first = slabs.front().shape;
+  const std::size_t positional = first.size() - Outer::vectorized_count;
   const std::size_t o = canonical_axis(verb, name, "out_axes", out_axes, positional + 1);
-  auto in_strides = row_major_strides(std::span(a.shape().data(), a.shape().size()));
-  std::vector<std::size_t> shape;
-  for (std::size_t k = 0; k < positional; ++k) shape.push_back(a.shape()[k]);
-  shape.insert(shape.begin() + static_cast<std::ptrdiff_t>(o), n);
-  for (std::size_t k = positional; k < positional + Outer::vectorized_count; ++k) shape.push_back(a.shape()[k]);
+  std::vector<std::size_t> shape = first;
+  shape.insert(shape.begin() + static_cast<std::ptrdiff_t>(o), slabs.size());
   xt::xarray<T> out = xt::xarray<T>::from_shape(shape);
-  if (parts.empty()) {
-    xt::dynamic_shape<std::ptrdiff_t> strides(in_strides.begin(), in_strides.begin() + static_cast<std::ptrdiff_t>(positional));
-    strides.insert(strides.begin() + static_cast<std::ptrdiff_t>(o), n == 1 ? 0 : step);
-    for (std::size_t k = positional; k < positional + Outer::vectorized_count; ++k) strides.push_back(in_strides[k]);
-    xt::dynamic_shape<std::size_t> view_shape(shape.begin(), shape.end());
-    out = xt::strided_view(a, std::move(view_shape), std::move(strides), 0, xt::layout_type::dynamic);
-  } else {
-    // pmap: device d's result goes to slot d of the new dimension.
-    auto out_strides = row_major_strides(shape);
-    std::vector<std::ptrdiff_t> slot_strides(out_strides.begin(), out_strides.end());
-    slot_strides.erase(slot_strides.begin() + static_cast<std::ptrdiff_t>(o));
-    std::span<const std::size_t> part_shape(a.shape().data(), a.shape().size());
-    for (std::size_t d = 0; d < parts.size(); ++d) {
-      const T* part = parts[d]->data();
-      fold_members<T>(std::span(&part, 1), part_shape, in_strides, out.data() + static_cast<std::ptrdiff_t>(d) * out_strides[o],
-                      slot_strides, sum_op{});
-    }
-  }
+  auto out_strides = row_major_strides(shape);
+  const std::ptrdiff_t slot_step = out_strides[o];
+  out_strides.erase(out_strides.begin() + static_cast<std::ptrdiff_t>(o));
+  for (std::size_t d = 0; d < slabs.size(); ++d)
+    copy_strided(slabs[d], out.data() + static_cast<std::ptrdiff_t>(d) * slot_step, out_strides);
   if constexpr (Outer::size == 0) {
     return out;
   } else {
     constexpr axis_mask own_bit = axis_mask{1} << Outer::size;
     return make_named<shared_array<T>, Outer, Varying & ~own_bit>(xt::make_xshared(std::move(out)));
+  }
+}
+
+/// Where a payload's elements are: in place when it is strided memory, else in `storage`.
+template <class T, class E>
+strided_block<T> block_in_memory(const E& e, xt::xarray<T>& storage) {
+  if constexpr (StridedMemory<E> && std::is_same_v<typename E::value_type, T>) {
+    return block_of(e);
+  } else {
+    storage = evaluate<T>(e);
+    return block_of(storage);
   }
 }
 
@@ -219,11 +216,15 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
     auto result = call(0);
     return tree_map(result, [&](const auto& leaf) {
       auto named_leaf = to_inner<Inner>(leaf);
-      auto a = evaluate(named_leaf.payload());
-      const std::size_t positional = a.dimension() - Inner::vectorized_count;
-      auto strides = row_major_strides(std::span(a.shape().data(), a.shape().size()));
-      return map_output<Outer, decltype(named_leaf)::varying>(verb, A::name, a, positional, n, strides.back(),
-                                                              out_axes);
+      using T = typename decltype(named_leaf)::value_type;
+      xt::xarray<T> storage;
+      strided_block<T> whole = block_in_memory<T>(named_leaf.payload(), storage);
+      // Slab d is index d of the last dimension (stride 0 where the value does not vary).
+      const std::ptrdiff_t step = whole.strides.back();
+      whole.shape.pop_back(), whole.strides.pop_back();
+      std::vector<strided_block<T>> slabs(n, whole);
+      for (std::size_t d = 0; d < n; ++d) slabs[d].data += static_cast<std::ptrdiff_t>(d) * step;
+      return map_output<Outer, decltype(named_leaf)::varying>(verb, A::name, slabs, out_axes);
     });
   } else {
     auto evaluate_leaves = [](const result_type& r) {
@@ -234,16 +235,14 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
 
     auto stack = [&]<class Leaf>(auto get) {
       using T = typename std::remove_cvref_t<decltype(get(*results[0]))>::value_type;
-      std::vector<const xt::xarray<T>*> parts;
+      std::vector<strided_block<T>> slabs;
       for (std::size_t d = 0; d < n; ++d) {
-        parts.push_back(&get(*results[d]));
-        if (parts.back()->shape() != parts.front()->shape())
+        slabs.push_back(block_of(get(*results[d])));
+        if (slabs.back().shape != slabs.front().shape)
           fail("namedax::", verb, "<\"", A::name, "\">: devices returned values of different shapes: device 0 returned ",
-               std::vector<std::size_t>(parts.front()->shape().begin(), parts.front()->shape().end()), ", device ", d,
-               " returned ", std::vector<std::size_t>(parts.back()->shape().begin(), parts.back()->shape().end()));
+               slabs.front().shape, ", device ", d, " returned ", slabs.back().shape);
       }
-      const std::size_t positional = parts[0]->dimension() - Outer::vectorized_count;
-      return map_output<Outer, result_mask<Inner, Leaf>>(verb, A::name, *parts[0], positional, n, 0, out_axes, parts);
+      return map_output<Outer, result_mask<Inner, Leaf>>(verb, A::name, slabs, out_axes);
     };
     if constexpr (is_tuple_like<result_type>) {
       return [&]<std::size_t... I>(std::index_sequence<I...>) {

@@ -3,6 +3,7 @@
 // named axes the value varies along. Elementwise arithmetic broadcasts by name.
 #pragma once
 
+#include <namedax/detail/kernels.hpp>
 #include <namedax/detail/runtime.hpp>
 #include <namedax/error.hpp>
 #include <namedax/named_shape.hpp>
@@ -114,12 +115,20 @@ shared_array<T> share_array(Expr&& e) {
   return xt::make_xshared(xt::xarray<T>(std::forward<Expr>(e)));
 }
 
-/// Evaluates any payload into a fresh row-major container.
+/// Evaluates any payload into a fresh row-major container; strided memory is copied by a
+/// plain loop, since xtensor's stepper assignment from a dynamic-layout view is slow.
 template <class T = void, class Expr>
 auto evaluate(const Expr& e) {
   using value = std::conditional_t<std::is_void_v<T>, typename std::decay_t<Expr>::value_type, T>;
-  xt::xarray<value> out(e);
-  return out;
+  if constexpr (StridedMemory<Expr>) {
+    auto block = block_of(e);
+    auto out = xt::xarray<value>::from_shape(block.shape);
+    copy_strided(block, out.data());
+    return out;
+  } else {
+    xt::xarray<value> out(e);
+    return out;
+  }
 }
 
 /// The payload of an operand, expressed in the longer environment `Env`.

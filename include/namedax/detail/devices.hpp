@@ -51,7 +51,8 @@ void run_devices(std::string_view name, std::size_t n, Body&& body) {
     std::lock_guard guard(shared->lock);
     for (std::size_t d = 0; d < n; ++d) {
       auto record = std::make_shared<device_record>();
-      record->path = (parent_path.empty() ? "" : parent_path + ",") + std::string(name) + "=" + std::to_string(d);
+      record->path = parent_path;
+      append_coordinate(record->path, name, d);
       shared->devices[record->path] = record;
       state->records.push_back(std::move(record));
     }

@@ -4,6 +4,7 @@
 // sharing one fold so that both modes combine values in the same order, bit for bit.
 #pragma once
 
+#include <namedax/detail/kernels.hpp>
 #include <namedax/detail/rendezvous.hpp>
 #include <namedax/error.hpp>
 
@@ -17,105 +18,27 @@
 
 namespace namedax::detail {
 
-struct sum_op {
-  template <class T>
-  T operator()(T a, T b) const { return static_cast<T>(a + b); }
-};
-// max and min propagate NaN, as XLA's do.
-struct max_op {
-  template <class T>
-  T operator()(T a, T b) const {
-    if constexpr (std::is_floating_point_v<T>)
-      if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
-    return a < b ? b : a;
-  }
-};
-struct min_op {
-  template <class T>
-  T operator()(T a, T b) const {
-    if constexpr (std::is_floating_point_v<T>)
-      if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
-    return b < a ? b : a;
-  }
-};
-
-/// Calls `line(in, out, length, in_step, out_step)` for each innermost line of `shape`.
-template <class Line>
-void for_each_line(std::span<const std::size_t> shape, std::span<const std::ptrdiff_t> in_strides,
-                   std::span<const std::ptrdiff_t> out_strides, Line&& line) {
-  const std::size_t rank = shape.size();
-  if (rank == 0) return line(std::ptrdiff_t{0}, std::ptrdiff_t{0}, std::size_t{1}, std::ptrdiff_t{0}, std::ptrdiff_t{0});
-  for (auto s : shape)
-    if (s == 0) return;
-  std::vector<std::size_t> index(rank, 0);
-  std::ptrdiff_t in = 0, out = 0;
-  while (true) {
-    line(in, out, shape[rank - 1], in_strides[rank - 1], out_strides[rank - 1]);
-    std::size_t k = rank - 1;
-    while (true) {
-      if (k == 0) return;
-      --k;
-      if (++index[k] < shape[k]) {
-        in += in_strides[k], out += out_strides[k];
-        break;
-      }
-      in -= in_strides[k] * static_cast<std::ptrdiff_t>(shape[k] - 1);
-      out -= out_strides[k] * static_cast<std::ptrdiff_t>(shape[k] - 1);
-      index[k] = 0;
-    }
-  }
-}
-
-/// out[e] = op(...op(m0[e], m1[e])..., mk[e]): the members combined in the order given, for
-/// every element e of `shape`. The order is fixed, so every mode and chunking gives the same bits.
+/// Reduces the positional dimensions `dims` of a strided block, in row-major order of them.
 template <class T, class Op>
-void fold_members(std::span<const T* const> members, std::span<const std::size_t> shape,
-                  std::span<const std::ptrdiff_t> in_strides, T* out, std::span<const std::ptrdiff_t> out_strides,
-                  Op op) {
-  for (std::size_t m = 0; m < members.size(); ++m) {
-    const T* src = members[m];
-    for_each_line(shape, in_strides, out_strides,
-                  [&](std::ptrdiff_t i, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t is, std::ptrdiff_t os) {
-                    const T* a = src + i;
-                    T* b = out + o;
-                    if (m == 0)
-                      for (std::size_t k = 0; k < n; ++k) b[k * os] = a[k * is];
-                    else
-                      for (std::size_t k = 0; k < n; ++k) b[k * os] = op(b[k * os], a[k * is]);
-                  });
-  }
-}
-
-/// Row-major strides, 0 for dimensions of size 1 so that they broadcast when read.
-inline std::vector<std::ptrdiff_t> row_major_strides(std::span<const std::size_t> shape) {
-  std::vector<std::ptrdiff_t> strides(shape.size());
-  std::ptrdiff_t s = 1;
-  for (std::size_t k = shape.size(); k-- > 0;) strides[k] = shape[k] == 1 ? 0 : s, s *= static_cast<std::ptrdiff_t>(shape[k]);
-  return strides;
-}
-
-/// Reduces the positional dimensions `dims` of a row-major array, in row-major order of them.
-template <class T, class Op>
-xt::xarray<T> reduce_positional(const xt::xarray<T>& a, std::span<const std::size_t> dims, Op op) {
-  std::vector<std::size_t> shape(a.shape().begin(), a.shape().end()), kept, reduced;
-  std::vector<std::ptrdiff_t> strides = row_major_strides(shape), kept_strides, reduced_strides;
-  for (std::size_t k = 0; k < shape.size(); ++k) {
+xt::xarray<T> reduce_positional(const strided_block<T>& a, std::span<const std::size_t> dims, Op op) {
+  std::vector<std::size_t> kept, reduced;
+  std::vector<std::ptrdiff_t> kept_strides, reduced_strides;
+  for (std::size_t k = 0; k < a.shape.size(); ++k) {
     bool r = std::find(dims.begin(), dims.end(), k) != dims.end();
-    (r ? reduced : kept).push_back(shape[k]);
-    (r ? reduced_strides : kept_strides).push_back(strides[k]);
+    (r ? reduced : kept).push_back(a.shape[k]);
+    (r ? reduced_strides : kept_strides).push_back(a.strides[k]);
   }
   std::vector<const T*> members;
   for_each_line(reduced, reduced_strides, reduced_strides,
                 [&](std::ptrdiff_t i, std::ptrdiff_t, std::size_t n, std::ptrdiff_t is, std::ptrdiff_t) {
-                  for (std::size_t k = 0; k < n; ++k) members.push_back(a.data() + i + static_cast<std::ptrdiff_t>(k) * is);
+                  for (std::size_t k = 0; k < n; ++k) members.push_back(a.data + i + static_cast<std::ptrdiff_t>(k) * is);
                 });
   xt::xarray<T> out = xt::xarray<T>::from_shape(kept);
-  auto out_strides = row_major_strides(kept);
   if (members.empty()) {  // a reduction over an empty dimension gives the identity; only sums allow it
     std::fill(out.begin(), out.end(), T{});
     return out;
   }
-  fold_members<T>(members, kept, kept_strides, out.data(), out_strides, op);
+  fold_members<T>(members, kept, kept_strides, out.data(), row_major_strides(kept), op);
   return out;
 }
 
@@ -133,7 +56,7 @@ using groups_t = std::vector<std::vector<int>>;
 
 inline std::string describe_axes(std::span<const reduced_axis> axes) {
   std::vector<std::string> names;
-  for (const auto& a : axes) names.push_back("'" + std::string(a.name) + "'");
+  for (const auto& a : axes) names.push_back(message('\'', a.name, '\''));
   return message(names);
 }
 
@@ -160,17 +83,16 @@ inline std::vector<std::size_t> group_of_each(std::string_view verb, std::span<c
   return owner;
 }
 
-/// The reduction over named axes of a row-major payload `a` (positional axes already reduced).
+/// The reduction over named axes of the payload `in` (positional axes already reduced).
 /// Vectorized axes are folded in place; device axes exchange pointers to each device's `a`.
 /// The members are combined in row-major order over the axes as given (or in each group's
 /// order), reading a member's slice of another device's buffer where the axis is a device axis.
 /// Returns the result and, per output slice, how many members it combined (for pmean).
 template <class T, class Op>
-std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, const xt::xarray<T>& a,
+std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, strided_block<T> in,
                                                          std::span<const reduced_axis> axes,
                                                          const std::optional<groups_t>& groups, bool is_sum, Op op) {
-  std::vector<std::size_t> shape(a.shape().begin(), a.shape().end());
-  const auto in_strides = row_major_strides(shape);
+  const std::vector<std::size_t> shape = in.shape;
   std::size_t total = 1;
   for (const auto& ax : axes) total *= ax.size;
   std::vector<std::size_t> group_index;
@@ -192,11 +114,20 @@ std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, 
   for (const auto& ax : axes)
     if (ax.place == placement::devices && ax.varies) exchanged.push_back(ax.name), exchanged_sizes.push_back(ax.size);
   std::optional<pointer_exchange> exchange;
+  xt::xarray<T> contiguous;
+  if (!exchanged.empty() && in.strides != row_major_strides(shape)) {
+    // Devices read each other's buffers with one set of strides: make this one row-major.
+    contiguous = xt::xarray<T>::from_shape(shape);
+    copy_strided(in, contiguous.data());
+    in.data = contiguous.data();
+    in.strides = row_major_strides(shape);
+  }
+  const auto& in_strides = in.strides;
   if (!exchanged.empty()) {
     std::string groups_text = groups ? message(" groups ", *groups) : std::string();
     std::string signature = message(verb, " over ", describe_axes(axes), groups_text, " of payload shape ", shape,
                                     " and type ", typeid(T).name());
-    exchange.emplace(join(exchanged), a.data(), signature, message("namedax::", verb, " over ", describe_axes(axes)));
+    exchange.emplace(join(exchanged), in.data, signature, message("namedax::", verb, " over ", describe_axes(axes)));
   }
 
   auto coordinates = [&](std::size_t rank) {
@@ -218,7 +149,7 @@ std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, 
       if (axes[k].place == placement::devices) device = device * axes[k].size + c[k];
       else offset += static_cast<std::ptrdiff_t>(c[k]) * in_strides[axes[k].dim];
     }
-    const T* base = exchange ? static_cast<const T*>(exchange->slot(device)) : a.data();
+    const T* base = exchange ? static_cast<const T*>(exchange->slot(device)) : in.data;
     return base + offset;
   };
 

@@ -37,9 +37,10 @@ inline membership join(std::span<const std::string_view> names) {
   const auto& stack = frames();
   const frame* first = find_frame(names.front());
   membership m{first->shared};
+  // The key: the names spanned, then this device's coordinates along every other device axis.
   std::string key;
-  for (auto n : names) key += std::string(n) + ",";
-  key += "|";
+  for (auto n : names) append_coordinate(key, n, 0);
+  key += '|';
   std::vector<std::size_t> sizes, own;
   for (auto n : names) {
     const frame* f = find_frame(n);
@@ -48,7 +49,7 @@ inline membership join(std::span<const std::string_view> names) {
   }
   for (const frame& f : stack)
     if (f.place == placement::devices && std::find(names.begin(), names.end(), f.name) == names.end())
-      key += std::string(f.name) + "=" + std::to_string(f.index) + ",";
+      append_coordinate(key, f.name, f.index);
 
   std::lock_guard guard(m.shared->lock);
   auto& slot = m.shared->communicators[key];
@@ -69,7 +70,7 @@ inline membership join(std::span<const std::string_view> names) {
         if (f.place != placement::devices) continue;
         auto it = std::find(names.begin(), names.end(), f.name);
         std::size_t index = it == names.end() ? f.index : coord[static_cast<std::size_t>(it - names.begin())];
-        path += (path.empty() ? "" : ",") + std::string(f.name) + "=" + std::to_string(index);
+        append_coordinate(path, f.name, index);
       }
       c->member_paths.push_back(std::move(path));
     }

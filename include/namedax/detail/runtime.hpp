@@ -78,12 +78,19 @@ inline const frame& bound_frame(std::string_view verb, std::string_view name) {
        "namedax::vmap<\"", name, "\"> or namedax::pmap<\"", name, "\">");
 }
 
+/// Appends "name=index" to a device path such as "i=0,j=2".
+inline void append_coordinate(std::string& path, std::string_view name, std::size_t index) {
+  if (!path.empty()) path += ',';
+  path += name;
+  path += '=';
+  path += std::to_string(index);
+}
+
 /// The device coordinates of this thread along every device axis, outermost first.
 inline std::string device_path(const std::vector<frame>& stack) {
   std::string path;
   for (const frame& f : stack)
-    if (f.place == placement::devices)
-      path += (path.empty() ? "" : ",") + std::string(f.name) + "=" + std::to_string(f.index);
+    if (f.place == placement::devices) append_coordinate(path, f.name, f.index);
   return path;
 }
 
