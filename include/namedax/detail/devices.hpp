@@ -42,6 +42,9 @@ void run_devices(std::string_view name, std::size_t n, Body&& body) {
     std::latch done;
     std::size_t remaining;
     std::exception_ptr first_error;
+    std::mutex start_lock;
+    std::condition_variable started_all;
+    std::size_t started = 0;
     explicit launch(std::size_t n) : claimed(new std::atomic<bool>[n]), done(static_cast<std::ptrdiff_t>(n)), remaining(n) {
       for (std::size_t d = 0; d < n; ++d) claimed[d] = false;
     }
@@ -62,6 +65,10 @@ void run_devices(std::string_view name, std::size_t n, Body&& body) {
 
   auto run = [&, state](std::size_t d) {
     if (state->claimed[d].exchange(true)) return;
+    {
+      std::lock_guard guard(state->start_lock);
+      if (++state->started == n) state->started_all.notify_one();
+    }
     auto record = state->records[d];
     {
       std::vector<frame> stack = parent;
@@ -98,12 +105,13 @@ void run_devices(std::string_view name, std::size_t n, Body&& body) {
   for (std::size_t d = 0; d < n; ++d) arena.enqueue([run, d] { run(d); });
 
   // Devices TBB has not started after a short grace period get a thread of their own.
-  std::vector<std::thread> fallback;
-  const auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
-  for (std::size_t d = 0; d < n; ++d) {
-    while (!state->claimed[d].load() && std::chrono::steady_clock::now() < grace) std::this_thread::yield();
-    if (!state->claimed[d].load()) fallback.emplace_back(run, d);
+  {
+    std::unique_lock guard(state->start_lock);
+    state->started_all.wait_for(guard, std::chrono::milliseconds(20), [&] { return state->started == n; });
   }
+  std::vector<std::thread> fallback;
+  for (std::size_t d = 0; d < n; ++d)
+    if (!state->claimed[d].load()) fallback.emplace_back(run, d);
   state->done.wait();
   for (auto& t : fallback) t.join();
   if (state->first_error) std::rethrow_exception(state->first_error);

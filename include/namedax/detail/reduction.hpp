@@ -14,7 +14,6 @@
 #include <numeric>
 #include <optional>
 #include <span>
-#include <typeinfo>
 
 namespace namedax::detail {
 
@@ -53,6 +52,15 @@ struct reduced_axis {
 };
 
 using groups_t = std::vector<std::vector<int>>;
+
+/// The element type in the user's words, for messages.
+template <class T>
+constexpr std::string_view dtype_name() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_floating_point_v<T>) return sizeof(T) == 4 ? "float32" : sizeof(T) == 8 ? "float64" : "float";
+  else if constexpr (std::is_signed_v<T>) return sizeof(T) == 4 ? "int32" : sizeof(T) == 8 ? "int64" : "int";
+  else return sizeof(T) == 4 ? "uint32" : sizeof(T) == 8 ? "uint64" : "uint";
+}
 
 inline std::string describe_axes(std::span<const reduced_axis> axes) {
   std::vector<std::string> names;
@@ -126,7 +134,7 @@ std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, 
   if (!exchanged.empty()) {
     std::string groups_text = groups ? message(" groups ", *groups) : std::string();
     std::string signature = message(verb, " over ", describe_axes(axes), groups_text, " of payload shape ", shape,
-                                    " and type ", typeid(T).name());
+                                    " and type ", dtype_name<T>());
     exchange.emplace(join(exchanged), in.data, signature, message("namedax::", verb, " over ", describe_axes(axes)));
   }
 

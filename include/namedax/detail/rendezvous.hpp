@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <thread>
 #include <span>
 
 namespace namedax::detail {
@@ -20,7 +21,7 @@ struct communicator {
   std::vector<std::string> signatures;
   std::vector<std::uint64_t> arrived_in;  // generation + 1 once a member arrived in it
   std::size_t arrived = 0;
-  std::uint64_t generation = 0;
+  std::atomic<std::uint64_t> generation{0};  // written under the world's lock, read by spinners
   std::uint64_t failed_generation = ~std::uint64_t{0};
   std::string failure;
 };
@@ -112,6 +113,16 @@ inline void arrive_and_wait(const membership& m, const std::string* signature, s
   } else {
     me->waiting_in = std::string(what);
     ++w.waiting;
+    // Spin briefly, then block: a barrier among running threads costs well under a
+    // microsecond, while blocking costs a context switch. Yielding keeps the spin cheap
+    // when devices outnumber cores.
+    guard.unlock();
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    for (int spin = 0; c.generation.load(std::memory_order_acquire) == gen && !w.poisoned.load(); ++spin) {
+      if (spin % 64 == 63 && std::chrono::steady_clock::now() > spin_until) break;
+      if (spin >= 16) std::this_thread::yield();
+    }
+    guard.lock();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(collective_timeout_seconds());
     std::optional<std::string> trouble;
     while (c.generation == gen && !w.poisoned && !trouble) {

@@ -6,6 +6,7 @@
 #include <namedax/error.hpp>
 #include <namedax/named_shape.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <memory>
@@ -32,7 +33,7 @@ struct device_record {
 struct world {
   std::mutex lock;
   std::condition_variable wake;
-  bool poisoned = false;
+  std::atomic<bool> poisoned{false};  // read without the lock by spinning waiters
   std::string reason;
   int running = 0;  // devices running user code (not joined on a nested pmap)
   int waiting = 0;  // of those, devices blocked in a rendezvous
@@ -40,7 +41,7 @@ struct world {
   std::unordered_map<std::string, std::unique_ptr<communicator>> communicators;
 
   void poison(std::string why) {
-    if (!poisoned) poisoned = true, reason = std::move(why);
+    if (!poisoned) reason = std::move(why), poisoned = true;
     wake.notify_all();
   }
 };
