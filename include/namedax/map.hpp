@@ -38,7 +38,7 @@ template <class X>
 auto hold(const X& x) {
   if constexpr (NamedValue<X>) return evaluate(x.payload());
   else if constexpr (std::is_arithmetic_v<X>) return x;
-  else if constexpr (xt::has_data_interface<X>::value) return std::cref(x);
+  else if constexpr (std::is_base_of_v<xt::xcontainer<X>, X>) return std::cref(x);  // views are copied: their offset
   else return evaluate(x);
 }
 template <class H>
