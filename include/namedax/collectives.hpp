@@ -54,6 +54,17 @@ inline std::vector<std::size_t> canonical_positional(std::string_view verb, std:
 }
 
 /// psum / pmean / pmax / pmin over `Names` and positional axes, for one leaf.
+/// The named axes of a collective on x, in the order given, as the rules need them.
+template <class X, class... Names>
+std::array<named_axis, sizeof...(Names)> describe_named_axes(std::string_view verb) {
+  using Env = typename X::env_type;
+  return {[&] {
+    constexpr int k = Env::index_of(Names::name);
+    const frame& f = bound_frame(verb, Names::name);
+    return named_axis{Names::name, Env::places[k], f.size, ((X::varying >> k) & 1) != 0, Env::vectorized_slot(k), f.index};
+  }()...};
+}
+
 /// `Grouped` (options were given) makes the result vary along the reduced axes: groups
 /// are runtime values, the result's type cannot depend on them.
 template <class Verb, reduction K, bool Grouped, class X, std::size_t P, class... Names>
@@ -95,13 +106,9 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     }
     const std::size_t kept_rank = rank - dims.size();
 
-    std::array<reduced_axis, sizeof...(Names)> named_axes{[&] {
-      constexpr int k = Env::index_of(Names::name);
-      const frame& f = bound_frame(verb, Names::name);
-      return reduced_axis{Names::name, Env::places[k], f.size, ((X::varying >> k) & 1) != 0,
-                          kept_rank + Env::vectorized_slot(k), f.index};
-    }()...};
-    auto [sum, divisor] = reduce_named<T>(verb, std::move(in), named_axes, groups, K == reduction::sum || K == reduction::mean, op);
+    auto named_axes = describe_named_axes<X, Names...>(verb);
+    auto [sum, divisor] = reduce_named<T>(verb, std::move(in), kept_rank, named_axes, groups,
+                                          K == reduction::sum || K == reduction::mean, op);
 
     constexpr axis_mask reduced = Env::template mask_of<Names...>();
     // Without groups the result is the same along the reduced axes; with groups it is not.

@@ -1,0 +1,219 @@
+// SPDX-License-Identifier: MIT
+// The logical members of a collective over named axes, the same in both modes: member r is
+// the payload at r's coordinates (row-major over the axes as given), read in place along
+// vectorized axes and from another device's buffer along device axes. Every rule computes
+// its outputs from these members, so vmap and pmap agree bit for bit.
+#pragma once
+
+#include <namedax/detail/kernels.hpp>
+#include <namedax/detail/rendezvous.hpp>
+#include <namedax/error.hpp>
+
+#include <xtensor/xarray.hpp>
+
+#include <numeric>
+#include <optional>
+#include <span>
+
+namespace namedax::detail {
+
+/// One named axis of a collective, as the rules need it.
+struct named_axis {
+  std::string_view name;
+  placement place;
+  std::size_t size;
+  bool varies;        // does the operand vary along it (else every index holds the same value)
+  std::size_t slot;   // its trailing payload dimension, after the positional ones (vectorized axes)
+  std::size_t index;  // this device's index (device axes)
+};
+
+using groups_t = std::vector<std::vector<int>>;
+
+/// The element type in the user's words, for messages.
+template <class T>
+constexpr std::string_view dtype_name() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_floating_point_v<T>) return sizeof(T) == 4 ? "float32" : sizeof(T) == 8 ? "float64" : "float";
+  else if constexpr (std::is_signed_v<T>) return sizeof(T) == 4 ? "int32" : sizeof(T) == 8 ? "int64" : "int";
+  else return sizeof(T) == 4 ? "uint32" : sizeof(T) == 8 ? "uint64" : "uint";
+}
+
+inline std::string describe_axes(std::span<const named_axis> axes) {
+  std::vector<std::string> names;
+  for (const auto& a : axes) names.push_back(message('\'', a.name, '\''));
+  return message(names);
+}
+
+/// The groups of a collective: each one's ranks in the order given (one group of every rank
+/// without axis_index_groups), and each rank's group and position in it.
+struct group_layout {
+  std::vector<std::vector<std::size_t>> members;
+  std::vector<std::size_t> group_of, position_of;
+};
+
+/// Checks that `groups` partition 0..total-1 (and have equal sizes where the collective needs it).
+inline group_layout make_groups(std::string_view verb, std::span<const named_axis> axes,
+                                const std::optional<groups_t>& groups, std::size_t total, bool equal_sizes) {
+  group_layout g;
+  g.group_of.assign(total, total), g.position_of.assign(total, 0);
+  if (!groups) {
+    g.members.emplace_back(total);
+    std::iota(g.members[0].begin(), g.members[0].end(), std::size_t{0});
+    std::iota(g.position_of.begin(), g.position_of.end(), std::size_t{0});
+    std::fill(g.group_of.begin(), g.group_of.end(), 0);
+    return g;
+  }
+  const auto where = message("namedax::", verb, ": axis_index_groups over axis ", describe_axes(axes), " of size ", total);
+  for (const auto& group : *groups) {
+    if (group.empty()) fail(where, " has an empty group");
+    if (equal_sizes && group.size() != groups->front().size())
+      fail(where, " have unequal sizes ", groups->front().size(), " and ", group.size(), "; ", verb,
+           " needs groups of one size");
+    std::vector<std::size_t> ranks;
+    for (int i : group) {
+      if (i < 0 || static_cast<std::size_t>(i) >= total)
+        fail(where, " contain index ", i, ", which is out of range; use indices 0..", total - 1);
+      const auto r = static_cast<std::size_t>(i);
+      if (g.group_of[r] != total) fail(where, " contain index ", i, " twice; every index must be in exactly one group");
+      g.group_of[r] = g.members.size(), g.position_of[r] = ranks.size();
+      ranks.push_back(r);
+    }
+    g.members.push_back(std::move(ranks));
+  }
+  for (std::size_t r = 0; r < total; ++r)
+    if (g.group_of[r] == total) fail(where, " do not contain index ", r, "; every index must be in exactly one group");
+  return g;
+}
+
+/// Payload shape with the dims of the vectorized `axes` set to `size_of(axis)`.
+template <class Size>
+std::vector<std::size_t> with_axis_dims(std::vector<std::size_t> shape, std::size_t positional_rank,
+                                        std::span<const named_axis> axes, Size size_of) {
+  for (const auto& ax : axes)
+    if (ax.place == placement::vectorized) shape[positional_rank + ax.slot] = size_of(ax);
+  return shape;
+}
+
+/// The members of one collective call on this caller (a device thread or the vmap caller).
+template <class T>
+class collective_frame {
+ public:
+  /// `in`: the payload, `positional_rank` of its dims are positional. `options` completes the
+  /// signature that devices compare (the operation's parameters, in the user's words).
+  collective_frame(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
+                   std::span<const named_axis> axes, const std::optional<groups_t>& groups, bool equal_groups,
+                   const std::string& options)
+      : axes_(axes.begin(), axes.end()), in_(std::move(in)), positional_rank_(positional_rank) {
+    total_ = 1;
+    for (const auto& ax : axes_) total_ *= ax.size;
+    groups_ = make_groups(verb, axes_, groups, total_, equal_groups);
+    member_shape_ = with_axis_dims(in_.shape, positional_rank_, axes_, [](const named_axis&) { return std::size_t{1}; });
+
+    // Device axes along which the operand varies need the other devices' buffers.
+    std::vector<std::string_view> exchanged;
+    for (const auto& ax : axes_)
+      if (ax.place == placement::devices && ax.varies) exchanged.push_back(ax.name);
+    if (exchanged.empty()) return;
+    if (in_.strides != row_major_strides(in_.shape)) {
+      // Devices read each other's buffers with one set of strides: make this one row-major.
+      contiguous_ = xt::xarray<T>::from_shape(in_.shape);
+      copy_strided(in_, contiguous_.data());
+      in_.data = contiguous_.data();
+      in_.strides = row_major_strides(in_.shape);
+    }
+    const std::string what = message("namedax::", verb, " over ", describe_axes(axes_));
+    std::string signature = message(verb, " over ", describe_axes(axes_), options,
+                                    groups ? message(" with groups ", *groups) : std::string(), " of payload shape ",
+                                    in_.shape, " and type ", dtype_name<T>());
+    exchange_.emplace(join(exchanged), in_.data, signature, what);
+  }
+
+  [[nodiscard]] std::size_t total() const { return total_; }
+  [[nodiscard]] const group_layout& groups() const { return groups_; }
+  [[nodiscard]] std::size_t positional_rank() const { return positional_rank_; }
+  [[nodiscard]] const std::vector<std::size_t>& in_shape() const { return in_.shape; }
+  [[nodiscard]] bool any_varies() const {
+    return std::any_of(axes_.begin(), axes_.end(), [](const named_axis& a) { return a.varies; });
+  }
+
+  /// Member r: the payload at r's coordinates, its dims along the vectorized axes of size 1.
+  [[nodiscard]] strided_block<T> member(std::size_t rank) const {
+    auto c = coordinates(rank);
+    std::size_t device = 0;
+    std::ptrdiff_t offset = 0;
+    for (std::size_t k = 0; k < axes_.size(); ++k) {
+      if (!axes_[k].varies) continue;
+      if (axes_[k].place == placement::devices) device = device * axes_[k].size + c[k];
+      else offset += static_cast<std::ptrdiff_t>(c[k]) * in_.strides[positional_rank_ + axes_[k].slot];
+    }
+    const T* base = exchange_ ? static_cast<const T*>(exchange_->slot(device)) : in_.data;
+    return {base + offset, member_shape_, in_.strides};
+  }
+
+  /// Calls f(rank) for each rank whose output this caller computes: its own device
+  /// coordinates with every coordinate along the vectorized axes, or, for an output that is
+  /// the same for every rank (`all == false`), just the first.
+  template <class F>
+  void for_each_owned(bool all, F&& f) const {
+    std::vector<std::size_t> c(axes_.size()), sizes(axes_.size(), 1);
+    for (std::size_t k = 0; k < axes_.size(); ++k) {
+      c[k] = axes_[k].place == placement::devices ? axes_[k].index : 0;
+      if (all && axes_[k].place == placement::vectorized) sizes[k] = axes_[k].size;
+    }
+    const std::size_t count = std::accumulate(sizes.begin(), sizes.end(), std::size_t{1}, std::multiplies<>{});
+    for (std::size_t s = 0; s < count; ++s) {
+      for (std::size_t k = axes_.size(), rest = s; k-- > 0;)
+        if (sizes[k] > 1) c[k] = rest % sizes[k], rest /= sizes[k];
+      f(rank_of(c));
+    }
+  }
+
+  /// Where rank r's coordinates along the vectorized axes sit in a block with `strides`
+  /// whose vectorized dims start after `positional_rank` dims.
+  [[nodiscard]] std::ptrdiff_t vectorized_offset(std::size_t rank, std::span<const std::ptrdiff_t> strides,
+                                                 std::size_t positional_rank) const {
+    auto c = coordinates(rank);
+    std::ptrdiff_t offset = 0;
+    for (std::size_t k = 0; k < axes_.size(); ++k)
+      if (axes_[k].place == placement::vectorized)
+        offset += static_cast<std::ptrdiff_t>(c[k]) * strides[positional_rank + axes_[k].slot];
+    return offset;
+  }
+
+  /// The output shape: the payload's, with `positional` dims in front, and the vectorized
+  /// axes' dims whole when the output differs per rank (`varies`), else 1.
+  [[nodiscard]] std::vector<std::size_t> output_shape(std::vector<std::size_t> positional, bool varies) const {
+    positional.insert(positional.end(), in_.shape.begin() + static_cast<std::ptrdiff_t>(positional_rank_), in_.shape.end());
+    const std::size_t rank = positional.size() - (in_.shape.size() - positional_rank_);
+    return with_axis_dims(std::move(positional), rank, axes_,
+                          [varies](const named_axis& a) { return varies ? a.size : std::size_t{1}; });
+  }
+
+  /// The devices are done reading each other's buffers.
+  void release() {
+    if (exchange_) exchange_->release();
+  }
+
+ private:
+  [[nodiscard]] std::vector<std::size_t> coordinates(std::size_t rank) const {
+    std::vector<std::size_t> c(axes_.size());
+    for (std::size_t k = axes_.size(); k-- > 0;) c[k] = rank % axes_[k].size, rank /= axes_[k].size;
+    return c;
+  }
+  [[nodiscard]] std::size_t rank_of(const std::vector<std::size_t>& c) const {
+    std::size_t r = 0;
+    for (std::size_t k = 0; k < axes_.size(); ++k) r = r * axes_[k].size + c[k];
+    return r;
+  }
+
+  std::vector<named_axis> axes_;
+  strided_block<T> in_;
+  std::size_t positional_rank_;
+  std::size_t total_ = 1;
+  group_layout groups_;
+  std::vector<std::size_t> member_shape_;
+  xt::xarray<T> contiguous_;
+  std::optional<pointer_exchange> exchange_;
+};
+
+}  // namespace namedax::detail
