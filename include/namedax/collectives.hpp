@@ -5,6 +5,10 @@
 #pragma once
 
 #include <namedax/axis.hpp>
+#include <namedax/detail/all_gather.hpp>
+#include <namedax/detail/all_to_all.hpp>
+#include <namedax/detail/ppermute.hpp>
+#include <namedax/detail/psum_scatter.hpp>
 #include <namedax/detail/reduction.hpp>
 #include <namedax/named_array.hpp>
 
@@ -86,16 +90,8 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     using R = reduction_result_t<K, typename X::value_type>;
     auto op = reduction_op<K>();
 
-    // Read the payload where it lies when it is strided memory of the right type.
     xt::xarray<T> storage;
-    strided_block<T> in = [&] {
-      if constexpr (StridedMemory<typename X::payload_type> && std::is_same_v<typename X::value_type, T>) {
-        return block_of(x.payload());
-      } else {
-        storage = evaluate<T>(x.payload());
-        return block_of(storage);
-      }
-    }();
+    strided_block<T> in = block_in_memory<T>(x.payload(), storage);
     const std::size_t rank = in.shape.size() - Env::vectorized_count;
     auto dims = canonical_positional(verb, list.positional, rank);
     float positional_count = 1;
@@ -185,6 +181,192 @@ inline constexpr psum_fn psum{};
 inline constexpr pmean_fn pmean{};
 inline constexpr pmax_fn pmax{};
 inline constexpr pmin_fn pmin{};
+
+namespace detail {
+/// Runs a collective's rule on one leaf: a deferred value waits for its environment, a named
+/// value's names are checked at compile time and its payload read where it lies. `Sums`
+/// makes bool add up as int32; `Invariant` says the result is the same along the names.
+template <class Verb, bool Invariant, bool Sums, class X, class... Names, class Rule>
+auto collective_leaf(const X& x, type_list<Names...> names, Rule rule) {
+  if constexpr (DeferredValue<X>) {
+    auto later = [x, names, rule]<class Env>(Env) {
+      return collective_leaf<Verb, Invariant, Sums>(x.template resolve<Env>(), names, rule);
+    };
+    using awaited = typename type_list_cat<names_awaited_t<X>, type_list<Names...>>::type;
+    return typename deferred_from<decltype(later), awaited>::type{later};
+  } else {
+    static_assert(NamedValue<X>, "namedax: this collective takes a mapped value (an argument of the function given "
+                                 "to vmap or pmap, or a value computed from one)");
+    using Env = typename X::env_type;
+    require_bound<Verb, Env, Names...>();
+    using T = std::conditional_t<Sums && std::is_same_v<typename X::value_type, bool>, std::int32_t, typename X::value_type>;
+    xt::xarray<T> storage;
+    strided_block<T> in = block_in_memory<T>(x.payload(), storage);
+    const std::size_t positional_rank = in.shape.size() - Env::vectorized_count;
+    const auto axes = describe_named_axes<X, Names...>(Verb::name);
+    auto out = rule(std::move(in), positional_rank, std::span<const named_axis>(axes));
+    using R = typename decltype(out)::value_type;
+    constexpr axis_mask names_mask = Env::template mask_of<Names...>();
+    constexpr axis_mask varying = Invariant ? (X::varying & ~names_mask) : (X::varying | names_mask);
+    return make_named<shared_array<R>, Env, varying>(xt::make_xshared(std::move(out)));
+  }
+}
+
+template <std::size_t P, class... Names>
+constexpr auto names_only(const axis_list<P, Names...>&) {
+  static_assert(P == 0, "namedax: this collective takes axis names only, no positional axes");
+  return type_list<Names...>{};
+}
+
+inline std::optional<groups_t> groups_of(const std::vector<std::vector<int>>& groups) {
+  if (groups.empty()) return std::nullopt;
+  return groups;
+}
+}  // namespace detail
+
+/// Options of all_gather (JAX's keyword arguments).
+struct all_gather_options {
+  std::vector<std::vector<int>> axis_index_groups;  ///< gather within each group; equal sizes
+  int axis = 0;                                     ///< where the gathered axis goes (tiled: which axis grows)
+  bool tiled = false;                               ///< concatenate along `axis` instead of stacking
+};
+
+/// Gathers the values of every index along the axes: `all_gather(x, "i"_ax)` stacks them in
+/// a new positional axis 0. With x = [0, 1, 2, 3] along "i": [0, 1, 2, 3] on every index.
+/// Several names gather row-major over them (beyond JAX).
+struct all_gather_fn {
+  static constexpr std::string_view name = "all_gather";
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes) const {
+    return (*this)(x, axes, all_gather_options{});
+  }
+  /// With options the result's type varies along the axes: groups may make it differ.
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes, const all_gather_options& options) const {
+    auto names = detail::names_only(detail::to_axis_list(axes));
+    auto groups = detail::groups_of(options.axis_index_groups);
+    return detail::tree_map(x, [&](const auto& leaf) {
+      return detail::collective_leaf<all_gather_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+        return detail::all_gather_rule(name, std::move(in), rank, ax, groups, options.axis, options.tiled,
+                                       groups.has_value());
+      });
+    });
+  }
+};
+inline constexpr all_gather_fn all_gather{};
+
+/// Options of psum_scatter (JAX's keyword arguments).
+struct psum_scatter_options {
+  int scatter_dimension = 0;                        ///< the positional axis split among the indices
+  std::vector<std::vector<int>> axis_index_groups;  ///< reduce-scatter within each group; equal sizes
+  bool tiled = false;                               ///< keep scatter_dimension, divided, instead of removing it
+};
+
+/// Reduce-scatter: index p gets the sum over the axes of chunk p along scatter_dimension.
+/// With x the rows of arange(16).reshape(4, 4) along "i": [24, 28, 32, 36] on index 0..3.
+struct psum_scatter_fn {
+  static constexpr std::string_view name = "psum_scatter";
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes, const psum_scatter_options& options = {}) const {
+    auto names = detail::names_only(detail::to_axis_list(axes));
+    auto groups = detail::groups_of(options.axis_index_groups);
+    return detail::tree_map(x, [&](const auto& leaf) {
+      return detail::collective_leaf<psum_scatter_fn, false, true>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+        return detail::psum_scatter_rule(name, std::move(in), rank, ax, groups, options.scatter_dimension, options.tiled);
+      });
+    });
+  }
+};
+inline constexpr psum_scatter_fn psum_scatter{};
+
+/// Options of all_to_all (JAX's keyword arguments).
+struct all_to_all_options {
+  std::vector<std::vector<int>> axis_index_groups;  ///< exchange within each group; equal sizes
+  bool tiled = false;  ///< split split_axis into chunks and concatenate them along concat_axis
+};
+
+/// Materializes the mapped axis at concat_axis and maps split_axis instead: index p gets
+/// chunk p of every index's split_axis, stacked (tiled: concatenated) along concat_axis.
+struct all_to_all_fn {
+  static constexpr std::string_view name = "all_to_all";
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes, int split_axis, int concat_axis, const all_to_all_options& options = {}) const {
+    auto names = detail::names_only(detail::to_axis_list(axes));
+    auto groups = detail::groups_of(options.axis_index_groups);
+    return detail::tree_map(x, [&](const auto& leaf) {
+      return detail::collective_leaf<all_to_all_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+        return detail::all_to_all_rule(name, std::move(in), rank, ax, groups, split_axis, concat_axis, options.tiled);
+      });
+    });
+  }
+};
+inline constexpr all_to_all_fn all_to_all{};
+
+/// Options of pswapaxes.
+struct pswapaxes_options {
+  std::vector<std::vector<int>> axis_index_groups;  ///< swap within each group; equal sizes
+};
+
+/// Swaps the mapped axis with the positional axis `axis`: all_to_all(x, axes, axis, axis).
+struct pswapaxes_fn {
+  static constexpr std::string_view name = "pswapaxes";
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes, int axis, const pswapaxes_options& options = {}) const {
+    auto names = detail::names_only(detail::to_axis_list(axes));
+    auto groups = detail::groups_of(options.axis_index_groups);
+    return detail::tree_map(x, [&](const auto& leaf) {
+      return detail::collective_leaf<pswapaxes_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+        return detail::all_to_all_rule(name, std::move(in), rank, ax, groups, axis, axis, false);
+      });
+    });
+  }
+};
+inline constexpr pswapaxes_fn pswapaxes{};
+
+/// Sends the value of index `source` to index `destination` for each pair; indices that
+/// receive nothing get zeros: `ppermute(x, "i"_ax, {{0, 1}, {1, 2}, {2, 3}, {3, 0}})` shifts by one.
+struct ppermute_fn {
+  static constexpr std::string_view name = "ppermute";
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes, const std::vector<std::pair<int, int>>& perm) const {
+    auto names = detail::names_only(detail::to_axis_list(axes));
+    return detail::tree_map(x, [&](const auto& leaf) {
+      return detail::collective_leaf<ppermute_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+        return detail::ppermute_rule(name, std::move(in), rank, ax, perm);
+      });
+    });
+  }
+};
+inline constexpr ppermute_fn ppermute{};
+
+/// The output at index i comes from the input at index perm[i]; perm is a permutation of 0..N-1.
+struct pshuffle_fn {
+  static constexpr std::string_view name = "pshuffle";
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes, const std::vector<int>& perm) const {
+    auto names = detail::names_only(detail::to_axis_list(axes));
+    return detail::tree_map(x, [&](const auto& leaf) {
+      return detail::collective_leaf<pshuffle_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+        std::size_t total = 1;
+        for (const auto& a : ax) total *= a.size;
+        std::vector<bool> seen(perm.size(), false);
+        for (int p : perm) {
+          if (perm.size() != total || p < 0 || static_cast<std::size_t>(p) >= perm.size() || seen[static_cast<std::size_t>(p)])
+            detail::fail("namedax::pshuffle: ", detail::message(perm), " is not a permutation of 0..", total - 1,
+                         " for axis ", detail::describe_axes(ax), " of size ", total);
+          seen[static_cast<std::size_t>(p)] = true;
+        }
+        if (perm.size() != total)
+          detail::fail("namedax::pshuffle: ", detail::message(perm), " is not a permutation of 0..", total - 1,
+                       " for axis ", detail::describe_axes(ax), " of size ", total);
+        std::vector<std::pair<int, int>> pairs;
+        for (std::size_t i = 0; i < perm.size(); ++i) pairs.emplace_back(perm[i], static_cast<int>(i));
+        return detail::ppermute_rule(name, std::move(in), rank, ax, pairs);
+      });
+    });
+  }
+};
+inline constexpr pshuffle_fn pshuffle{};
 
 /// The index of this position along the axis (several names: row-major over them, in the
 /// order given), as int32. Under pmap<"i"> over 4 devices: 0, 1, 2, 3 on the devices.

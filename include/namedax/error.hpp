@@ -29,7 +29,9 @@ void write_part(std::ostringstream& out, const T& part);
 
 template <class T>
 void write_part(std::ostringstream& out, const T& part) {
-  if constexpr (requires { part.begin(); part.end(); } && !std::is_convertible_v<T, std::string_view>) {
+  if constexpr (requires { part.first; part.second; }) {
+    out << '(', write_part(out, part.first), out << ", ", write_part(out, part.second), out << ')';
+  } else if constexpr (requires { part.begin(); part.end(); } && !std::is_convertible_v<T, std::string_view>) {
     out << '(';
     const char* sep = "";
     for (const auto& v : part) out << sep, write_part(out, v), sep = ", ";

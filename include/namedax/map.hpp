@@ -131,17 +131,6 @@ auto map_output(std::string_view verb, std::string_view name, const std::vector<
   }
 }
 
-/// Where a payload's elements are: in place when it is strided memory, else in `storage`.
-template <class T, class E>
-strided_block<T> block_in_memory(const E& e, xt::xarray<T>& storage) {
-  if constexpr (StridedMemory<E> && std::is_same_v<typename E::value_type, T>) {
-    return block_of(e);
-  } else {
-    storage = evaluate<T>(e);
-    return block_of(storage);
-  }
-}
-
 template <class Binding, class F, class InAxes, class... Args>
 auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_axes, std::size_t axis_size,
               const Args&... args) {

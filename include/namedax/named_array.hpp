@@ -131,6 +131,17 @@ auto evaluate(const Expr& e) {
   }
 }
 
+/// Where a payload's elements are: in place when it is strided memory, else in `storage`.
+template <class T, class E>
+strided_block<T> block_in_memory(const E& e, xt::xarray<T>& storage) {
+  if constexpr (StridedMemory<E> && std::is_same_v<typename E::value_type, T>) {
+    return block_of(e);
+  } else {
+    storage = evaluate<T>(e);
+    return block_of(storage);
+  }
+}
+
 /// The payload of an operand, expressed in the longer environment `Env`.
 template <class Env, class X>
 auto payload_in(const X& x) {

@@ -40,6 +40,25 @@ xt::xarray<T> reduce_positional(const strided_block<T>& a, std::span<const std::
   return out;
 }
 
+/// Folds a group's members (pointers to blocks shaped like `element`) into `target`. When the
+/// operand does not vary along the axes every member is the same value: a sum is then
+/// size * x, as JAX defines it, and max or min is x.
+template <class T, class Op>
+void fold_group(std::span<const T* const> members, const strided_block<T>& element, bool varies, bool is_sum,
+                T* target, std::span<const std::ptrdiff_t> out_strides, Op op) {
+  if (varies) return fold_members<T>(members, element.shape, element.strides, target, out_strides, op);
+  fold_members<T>(members.first(1), element.shape, element.strides, target, out_strides, op);
+  if (!is_sum || members.size() == 1) return;
+  const auto size = static_cast<T>(members.size());
+  for_each_line(element.shape, out_strides, out_strides,
+                [&](std::ptrdiff_t, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t, std::ptrdiff_t os) {
+                  for (std::size_t k = 0; k < n; ++k) {
+                    T& v = target[o + static_cast<std::ptrdiff_t>(k) * os];
+                    v = static_cast<T>(v * size);
+                  }
+                });
+}
+
 /// The reduction over named axes of the payload `in` (positional axes already reduced).
 /// Members are combined in row-major order over the axes as given, or in each group's order.
 /// Returns the result and, per output slice, how many members it combined (for pmean).
@@ -64,20 +83,7 @@ std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, 
     divisor.data()[frame.vectorized_offset(rank, divisor_strides, positional_rank)] = static_cast<float>(group.size());
     members.clear();
     for (std::size_t m : group) members.push_back(frame.member(m).data);
-    const auto element = frame.member(group.front());
-    if (frame.any_varies()) {
-      fold_members<T>(members, element.shape, element.strides, target, out_strides, op);
-    } else {
-      // A value that does not vary along the axes: psum gives size * x, pmax and pmin give x.
-      fold_members<T>(std::span(members.data(), 1), element.shape, element.strides, target, out_strides, op);
-      if (is_sum && group.size() != 1)
-        for_each_line(element.shape, out_strides, out_strides,
-                      [&](std::ptrdiff_t, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t, std::ptrdiff_t os) {
-                        for (std::size_t k = 0; k < n; ++k)
-                          target[o + static_cast<std::ptrdiff_t>(k) * os] =
-                              static_cast<T>(target[o + static_cast<std::ptrdiff_t>(k) * os] * static_cast<T>(group.size()));
-                      });
-    }
+    fold_group<T>(members, frame.member(group.front()), frame.any_varies(), is_sum, target, out_strides, op);
   });
   frame.release();
   return {std::move(out), std::move(divisor)};

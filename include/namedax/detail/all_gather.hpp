@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: MIT
+// all_gather's rule, both modes: the output at a rank stacks (or, tiled, concatenates) its
+// group's members along a positional axis, in group order.
+#pragma once
+
+#include <namedax/detail/collective_frame.hpp>
+
+namespace namedax::detail {
+
+/// A positional axis in [0, count), negative counting from the end, or an error naming the verb.
+inline std::size_t positional_axis(std::string_view verb, std::string_view what, int axis, std::size_t count,
+                                   std::span<const named_axis> axes) {
+  const int d = axis < 0 ? axis + static_cast<int>(count) : axis;
+  if (d < 0 || d >= static_cast<int>(count))
+    fail("namedax::", verb, ": ", what, " ", axis, " is out of range for ", count, " positions (axis ",
+         describe_axes(axes), ")");
+  return static_cast<std::size_t>(d);
+}
+
+/// A block without dimension `dim`, at index `index` along it.
+template <class T>
+strided_block<T> drop_dim(strided_block<T> b, std::size_t dim, std::size_t index) {
+  b.data += static_cast<std::ptrdiff_t>(index) * b.strides[dim];
+  b.shape.erase(b.shape.begin() + static_cast<std::ptrdiff_t>(dim));
+  b.strides.erase(b.strides.begin() + static_cast<std::ptrdiff_t>(dim));
+  return b;
+}
+
+/// A block narrowed to [index * length, (index + 1) * length) along `dim`.
+template <class T>
+strided_block<T> chunk_of(strided_block<T> b, std::size_t dim, std::size_t index, std::size_t length) {
+  b.data += static_cast<std::ptrdiff_t>(index * length) * b.strides[dim];
+  b.shape[dim] = length;
+  return b;
+}
+
+template <class T>
+xt::xarray<T> all_gather_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
+                              std::span<const named_axis> axes, const std::optional<groups_t>& groups, int axis,
+                              bool tiled, bool varies) {
+  collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true,
+                            message(" at axis ", axis, tiled ? ", tiled" : ""));
+  const std::size_t g = frame.groups().members.front().size();
+  std::vector<std::size_t> positional(frame.in_shape().begin(),
+                                      frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
+  const std::size_t a = positional_axis(verb, "axis", axis, tiled ? positional_rank : positional_rank + 1, axes);
+  const std::size_t tile = tiled ? positional[a] : 1;
+  if (tiled) positional[a] *= g;
+  else positional.insert(positional.begin() + static_cast<std::ptrdiff_t>(a), g);
+  auto out = xt::xarray<T>::from_shape(frame.output_shape(positional, varies));
+  const auto out_strides = row_major_strides(out.shape());
+  const std::size_t out_rank = positional.size();
+
+  // Member k of the group goes to index k (tiled: block k) along the gathered axis.
+  std::vector<std::ptrdiff_t> slot_strides(out_strides.begin(), out_strides.end());
+  if (!tiled) slot_strides.erase(slot_strides.begin() + static_cast<std::ptrdiff_t>(a));
+  const std::ptrdiff_t step = static_cast<std::ptrdiff_t>(tile) * out_strides[a];
+  frame.for_each_owned(varies, [&](std::size_t rank) {
+    T* base = out.data() + frame.vectorized_offset(rank, out_strides, out_rank);
+    const auto& group = frame.groups().members[frame.groups().group_of[rank]];
+    for (std::size_t k = 0; k < group.size(); ++k)
+      copy_strided(frame.member(group[k]), base + static_cast<std::ptrdiff_t>(k) * step, slot_strides);
+  });
+  frame.release();
+  return out;
+}
+
+}  // namespace namedax::detail

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: MIT
+// all_to_all's rule, both modes: the rank at position p of its group takes chunk p (along
+// split_axis) of every member k of the group and puts it at position k along concat_axis.
+#pragma once
+
+#include <namedax/detail/all_gather.hpp>
+
+namespace namedax::detail {
+
+template <class T>
+xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
+                              std::span<const named_axis> axes, const std::optional<groups_t>& groups, int split_axis,
+                              int concat_axis, bool tiled) {
+  collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true,
+                            message(" with split_axis ", split_axis, " and concat_axis ", concat_axis,
+                                    tiled ? ", tiled" : ""));
+  const std::size_t g = frame.groups().members.front().size();
+  std::vector<std::size_t> positional(frame.in_shape().begin(),
+                                      frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
+  const std::size_t split = positional_axis(verb, "split_axis", split_axis, positional_rank, axes);
+  const std::size_t concat = positional_axis(verb, "concat_axis", concat_axis, positional_rank, axes);
+  if (tiled ? positional[split] % g != 0 : positional[split] != g)
+    fail("namedax::", verb, ": the size of split_axis ", split_axis, " (", positional[split], ") must ",
+         tiled ? "be divisible by" : "equal", " the size of axis ", describe_axes(axes), " (", g,
+         groups ? " in each group" : "", ")");
+  const std::size_t chunk = positional[split] / g;
+  // Untiled: the split axis goes and the gathered one is inserted at concat_axis.
+  if (tiled) {
+    positional[split] = chunk;
+  } else {
+    positional.erase(positional.begin() + static_cast<std::ptrdiff_t>(split));
+    positional.insert(positional.begin() + static_cast<std::ptrdiff_t>(concat), g);
+  }
+  const std::size_t block = tiled ? positional[concat] : 1;  // the length of one member's piece along concat
+  if (tiled) positional[concat] *= g;
+  auto out = xt::xarray<T>::from_shape(frame.output_shape(positional, true));
+  const auto out_strides = row_major_strides(out.shape());
+  std::vector<std::ptrdiff_t> slot_strides(out_strides.begin(), out_strides.end());
+  if (!tiled) slot_strides.erase(slot_strides.begin() + static_cast<std::ptrdiff_t>(concat));
+  const std::ptrdiff_t step = static_cast<std::ptrdiff_t>(block) * out_strides[concat];
+
+  frame.for_each_owned(true, [&](std::size_t rank) {
+    const std::size_t p = frame.groups().position_of[rank];
+    const auto& group = frame.groups().members[frame.groups().group_of[rank]];
+    T* base = out.data() + frame.vectorized_offset(rank, out_strides, positional.size());
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      auto piece = tiled ? chunk_of(frame.member(group[k]), split, p, chunk) : drop_dim(frame.member(group[k]), split, p);
+      copy_strided(piece, base + static_cast<std::ptrdiff_t>(k) * step, slot_strides);
+    }
+  });
+  frame.release();
+  return out;
+}
+
+}  // namespace namedax::detail

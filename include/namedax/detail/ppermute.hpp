@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: MIT
+// ppermute's rule, both modes: each rank receives the member its (source, destination) pair
+// names, or zeros when no pair sends to it.
+#pragma once
+
+#include <namedax/detail/all_gather.hpp>
+
+#include <utility>
+
+namespace namedax::detail {
+
+using permutation_t = std::vector<std::pair<int, int>>;
+
+/// For each rank, the rank it receives from, or -1; sources and destinations must be unique.
+inline std::vector<long> senders(std::string_view verb, std::span<const named_axis> axes, const permutation_t& perm,
+                                 std::size_t total) {
+  std::vector<long> from(total, -1);
+  std::vector<bool> sends(total, false);
+  for (auto [source, destination] : perm) {
+    for (int i : {source, destination})
+      if (i < 0 || static_cast<std::size_t>(i) >= total)
+        fail("namedax::", verb, ": the pair (", source, ", ", destination, ") is out of range for axis ",
+             describe_axes(axes), " of size ", total, "; use indices 0..", total - 1);
+    if (sends[static_cast<std::size_t>(source)])
+      fail("namedax::", verb, ": source ", source, " appears twice in the permutation over axis ", describe_axes(axes),
+           " of size ", total, "; each index may send once");
+    if (from[static_cast<std::size_t>(destination)] >= 0)
+      fail("namedax::", verb, ": destination ", destination, " appears twice in the permutation over axis ",
+           describe_axes(axes), " of size ", total, "; each index may receive once");
+    sends[static_cast<std::size_t>(source)] = true;
+    from[static_cast<std::size_t>(destination)] = source;
+  }
+  return from;
+}
+
+template <class T>
+xt::xarray<T> ppermute_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
+                            std::span<const named_axis> axes, const permutation_t& perm) {
+  collective_frame<T> frame(verb, std::move(in), positional_rank, axes, std::nullopt, false,
+                            message(" with pairs ", perm));
+  const auto from = senders(verb, axes, perm, frame.total());
+  std::vector<std::size_t> positional(frame.in_shape().begin(),
+                                      frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
+  auto out = xt::xarray<T>::from_shape(frame.output_shape(positional, true));
+  const auto out_strides = row_major_strides(out.shape());
+  frame.for_each_owned(true, [&](std::size_t rank) {
+    T* target = out.data() + frame.vectorized_offset(rank, out_strides, positional_rank);
+    auto element = frame.member(rank);
+    if (from[rank] >= 0) {
+      copy_strided(frame.member(static_cast<std::size_t>(from[rank])), target, out_strides);
+    } else {
+      for_each_line(element.shape, out_strides, out_strides,
+                    [&](std::ptrdiff_t, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t, std::ptrdiff_t os) {
+                      for (std::size_t k = 0; k < n; ++k) target[o + static_cast<std::ptrdiff_t>(k) * os] = T{};
+                    });
+    }
+  });
+  frame.release();
+  return out;
+}
+
+}  // namespace namedax::detail

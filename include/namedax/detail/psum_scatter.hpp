@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: MIT
+// psum_scatter's rule, both modes: the rank at position p of its group sums chunk p of its
+// group's members along scatter_dimension (a reduce-scatter).
+#pragma once
+
+#include <namedax/detail/all_gather.hpp>
+#include <namedax/detail/reduction.hpp>
+
+namespace namedax::detail {
+
+template <class T>
+xt::xarray<T> psum_scatter_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
+                                std::span<const named_axis> axes, const std::optional<groups_t>& groups,
+                                int scatter_dimension, bool tiled) {
+  collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true,
+                            message(" at scatter_dimension ", scatter_dimension, tiled ? ", tiled" : ""));
+  const std::size_t g = frame.groups().members.front().size();
+  std::vector<std::size_t> positional(frame.in_shape().begin(),
+                                      frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
+  const std::size_t d = positional_axis(verb, "scatter_dimension", scatter_dimension, positional_rank, axes);
+  if (tiled ? positional[d] % g != 0 : positional[d] != g)
+    fail("namedax::", verb, ": the size of scatter_dimension ", scatter_dimension, " (", positional[d], ") must ",
+         tiled ? "be divisible by" : "equal", " the size of axis ", describe_axes(axes), " (", g,
+         groups ? " in each group" : "", ")");
+  const std::size_t chunk = positional[d] / g;
+  if (tiled) positional[d] = chunk;
+  else positional.erase(positional.begin() + static_cast<std::ptrdiff_t>(d));
+  auto out = xt::xarray<T>::from_shape(frame.output_shape(positional, true));
+  const auto out_strides = row_major_strides(out.shape());
+
+  std::vector<const T*> members;
+  frame.for_each_owned(true, [&](std::size_t rank) {
+    const std::size_t p = frame.groups().position_of[rank];
+    const auto& group = frame.groups().members[frame.groups().group_of[rank]];
+    auto piece = [&](std::size_t m) { return tiled ? chunk_of(frame.member(m), d, p, chunk) : drop_dim(frame.member(m), d, p); };
+    members.clear();
+    for (std::size_t m : group) members.push_back(piece(m).data);
+    fold_group<T>(members, piece(group.front()), frame.any_varies(), true,
+                  out.data() + frame.vectorized_offset(rank, out_strides, positional.size()), out_strides, sum_op{});
+  });
+  frame.release();
+  return out;
+}
+
+}  // namespace namedax::detail
