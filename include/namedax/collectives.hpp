@@ -13,6 +13,7 @@
 #include <namedax/named_array.hpp>
 
 #include <array>
+#include <limits>
 #include <optional>
 #include <tuple>
 
@@ -429,5 +430,64 @@ struct axis_size_fn {
   }
 };
 inline constexpr axis_size_fn axis_size{};
+
+}  // namespace namedax
+
+namespace namedax {
+namespace detail {
+/// The (extreme value, lowest linear index attaining it) of one leaf, as JAX computes pargmax:
+/// the index of every position holding the extreme, else the largest int32, then the minimum.
+template <class Extreme, class X, class A, class... Options>
+auto extreme_and_index(const X& x, const A& axes, const Options&... options) {
+  constexpr Extreme extreme{};
+  auto names = to_axis_list(axes);
+  (void)names_only(names);
+  auto value = extreme(x, axes, options...);
+  auto index = pmin(where(x == value, axis_index(axes), std::numeric_limits<std::int32_t>::max()), axes, options...);
+  return std::pair{value, index};
+}
+
+template <class Verb, class Extreme, bool WithValue>
+struct arg_extreme_verb {
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes) const {
+    return tree_map(x, [&](const auto& leaf) { return pick(extreme_and_index<Extreme>(leaf, axes)); });
+  }
+  /// With groups, the index is the linear index (along the axes) of the extreme in the caller's group.
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes, const reduce_options& options) const {
+    return tree_map(x, [&](const auto& leaf) { return pick(extreme_and_index<Extreme>(leaf, axes, options)); });
+  }
+
+ private:
+  template <class Pair>
+  static auto pick(Pair&& p) {
+    if constexpr (WithValue) return std::forward<Pair>(p);
+    else return std::forward<Pair>(p).second;
+  }
+};
+}  // namespace detail
+
+/// The index along the axes (several names: row-major) of the maximum, as int32; ties go to
+/// the lowest index, a NaN anywhere gives the largest int32, as in JAX.
+struct pargmax_fn : detail::arg_extreme_verb<pargmax_fn, pmax_fn, false> {
+  static constexpr std::string_view name = "pargmax";
+};
+/// The index along the axes of the minimum, as int32; ties go to the lowest index.
+struct pargmin_fn : detail::arg_extreme_verb<pargmin_fn, pmin_fn, false> {
+  static constexpr std::string_view name = "pargmin";
+};
+/// `std::pair{pmax(x, axes), pargmax(x, axes)}`, computing the maximum once.
+struct pmax_with_index_fn : detail::arg_extreme_verb<pmax_with_index_fn, pmax_fn, true> {
+  static constexpr std::string_view name = "pmax_with_index";
+};
+/// `std::pair{pmin(x, axes), pargmin(x, axes)}`, computing the minimum once.
+struct pmin_with_index_fn : detail::arg_extreme_verb<pmin_with_index_fn, pmin_fn, true> {
+  static constexpr std::string_view name = "pmin_with_index";
+};
+inline constexpr pargmax_fn pargmax{};
+inline constexpr pargmin_fn pargmin{};
+inline constexpr pmax_with_index_fn pmax_with_index{};
+inline constexpr pmin_with_index_fn pmin_with_index{};
 
 }  // namespace namedax

@@ -235,8 +235,8 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
     };
     if constexpr (is_tuple_like<result_type>) {
       return [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return std::tuple{stack.template operator()<std::tuple_element_t<I, result_type>>(
-            [](const auto& leaves) -> const auto& { return std::get<I>(leaves); })...};
+        return make_like<result_type>(stack.template operator()<std::tuple_element_t<I, result_type>>(
+            [](const auto& leaves) -> const auto& { return std::get<I>(leaves); })...);
       }(std::make_index_sequence<std::tuple_size_v<result_type>>{});
     } else {
       return stack.template operator()<result_type>([](const auto& leaf) -> const auto& { return leaf; });

@@ -18,6 +18,7 @@
 #include <array>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace namedax {
@@ -246,19 +247,32 @@ template <class... T>
 inline constexpr bool is_tuple_like<std::tuple<T...>> = true;
 template <class T, std::size_t N>
 inline constexpr bool is_tuple_like<std::array<T, N>> = true;
+template <class A, class B>
+inline constexpr bool is_tuple_like<std::pair<A, B>> = true;
 
-/// Maps a leaf function over a pytree: a single value, a std::tuple or a std::array of them.
+template <class T>
+inline constexpr bool is_std_array = false;
+template <class T, std::size_t N>
+inline constexpr bool is_std_array<std::array<T, N>> = true;
+template <class T>
+inline constexpr bool is_std_pair = false;
+template <class A, class B>
+inline constexpr bool is_std_pair<std::pair<A, B>> = true;
+
+/// A std::array, std::pair or std::tuple, as `X` is, of `parts`.
+template <class X, class... Parts>
+auto make_like(Parts&&... parts) {
+  if constexpr (is_std_array<X>) return std::array{std::forward<Parts>(parts)...};
+  else if constexpr (is_std_pair<X>) return std::pair{std::forward<Parts>(parts)...};
+  else return std::tuple{std::forward<Parts>(parts)...};
+}
+
+/// Maps a leaf function over a pytree: a single value, or a std::tuple, std::pair or
+/// std::array of pytrees; the result has the same structure.
 template <class X, class Leaf>
 auto tree_map(const X& x, Leaf&& leaf) {
   if constexpr (is_tuple_like<X>) {
-    return std::apply(
-        [&](const auto&... xs) {
-          if constexpr (requires { std::tuple_size<X>::value; } && !std::is_same_v<X, std::tuple<std::remove_cvref_t<decltype(xs)>...>>)
-            return std::array{tree_map(xs, leaf)...};
-          else
-            return std::tuple{tree_map(xs, leaf)...};
-        },
-        x);
+    return std::apply([&](const auto&... xs) { return make_like<X>(tree_map(xs, leaf)...); }, x);
   } else {
     return leaf(x);
   }
