@@ -7,6 +7,7 @@
 #include <namedax/axis.hpp>
 #include <namedax/detail/all_gather.hpp>
 #include <namedax/detail/all_to_all.hpp>
+#include <namedax/detail/pdot.hpp>
 #include <namedax/detail/ppermute.hpp>
 #include <namedax/detail/psum_scatter.hpp>
 #include <namedax/detail/reduction.hpp>
@@ -489,5 +490,37 @@ inline constexpr pargmax_fn pargmax{};
 inline constexpr pargmin_fn pargmin{};
 inline constexpr pmax_with_index_fn pmax_with_index{};
 inline constexpr pmin_with_index_fn pmin_with_index{};
+
+/// A contraction over positional dims (pos_contract: pairs of x and y dims) with batch dims
+/// (pos_batch), that also sums over the named `axes`: JAX's pdot. The result's dims are the
+/// batch dims, then x's free dims, then y's. Either operand may be a plain xtensor array.
+///   pdot(x, w, "model"_ax, {{1}, {0}})  // x (batch, features) @ w (features, out), summed over "model"
+struct pdot_fn {
+  static constexpr std::string_view name = "pdot";
+  template <class X, class Y, AxisArgument A>
+    requires((NamedValue<X> || NamedValue<Y>) && !std::is_arithmetic_v<X> && !std::is_arithmetic_v<Y>)
+  auto operator()(const X& x, const Y& y, const A& axes, const detail::dimension_pairs& pos_contract = {},
+                  const detail::dimension_pairs& pos_batch = {}) const {
+    using Env = typename detail::merged_env<env<>, X, Y>::type;
+    [&]<class... Names>(detail::type_list<Names...>) {
+      detail::require_bound<pdot_fn, Env, Names...>();
+    }(detail::names_only(detail::to_axis_list(axes)));
+    using TX = detail::value_type_of_t<X>;
+    using TY = detail::value_type_of_t<Y>;
+    using R = std::common_type_t<TX, TY>;
+    auto px = detail::payload_in<Env>(x);
+    auto py = detail::payload_in<Env>(y);
+    xt::xarray<TX> x_storage;
+    xt::xarray<TY> y_storage;
+    auto bx = detail::block_in_memory<TX>(px, x_storage);
+    auto by = detail::block_in_memory<TY>(py, y_storage);
+    auto local = detail::dot_general<R>(name, bx, bx.shape.size() - Env::vectorized_count, by,
+                                        by.shape.size() - Env::vectorized_count, pos_contract, pos_batch);
+    constexpr axis_mask varying = detail::mask_of<X>() | detail::mask_of<Y>();
+    auto product = detail::make_named<detail::shared_array<R>, Env, varying>(xt::make_xshared(std::move(local)));
+    return psum(product, axes);
+  }
+};
+inline constexpr pdot_fn pdot{};
 
 }  // namespace namedax

@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: MIT
+// pdot's positional part, the same on every caller: a dot_general of two payloads that share
+// their trailing vectorized dims (broadcast by name); the named contraction is a psum after it.
+#pragma once
+
+#include <namedax/detail/collective_frame.hpp>
+
+#include <utility>
+
+namespace namedax::detail {
+
+/// Pairs of positional dims of x and y, as JAX's ((x dims...), (y dims...)).
+using dimension_pairs = std::pair<std::vector<int>, std::vector<int>>;
+
+/// out[batch..., x free..., y free..., vectorized...] = sum over the contracted dims, in
+/// row-major order of them, of x * y. `x` and `y` have `x_rank` and `y_rank` positional dims
+/// followed by the same number of vectorized dims (each of size n or 1).
+template <class T, class X, class Y>
+xt::xarray<T> dot_general(std::string_view verb, const strided_block<X>& x, std::size_t x_rank,
+                          const strided_block<Y>& y, std::size_t y_rank, const dimension_pairs& contract,
+                          const dimension_pairs& batch) {
+  if (contract.first.size() != contract.second.size() || batch.first.size() != batch.second.size())
+    fail("namedax::", verb, ": pos_contract and pos_batch need as many dims of x as of y; got contract ", contract,
+         " and batch ", batch);
+  auto canonical = [&](int d, std::size_t rank, const char* which) {
+    const int c = d < 0 ? d + static_cast<int>(rank) : d;
+    if (c < 0 || c >= static_cast<int>(rank))
+      fail("namedax::", verb, ": dimension ", d, " of ", which, " is out of range for positional rank ", rank);
+    return static_cast<std::size_t>(c);
+  };
+  std::vector<bool> x_used(x_rank, false), y_used(y_rank, false);
+  std::vector<std::size_t> shape, contract_shape;
+  std::vector<std::ptrdiff_t> xs, ys, xc, yc;  // strides along output dims, and along contracted dims
+  auto pair_up = [&](const dimension_pairs& pairs, bool contracted) {
+    for (std::size_t k = 0; k < pairs.first.size(); ++k) {
+      const std::size_t a = canonical(pairs.first[k], x_rank, "x"), b = canonical(pairs.second[k], y_rank, "y");
+      if (x_used[a] || y_used[b]) fail("namedax::", verb, ": dimension ", pairs.first[k], " of x or ", pairs.second[k], " of y is used twice");
+      x_used[a] = y_used[b] = true;
+      if (x.shape[a] != y.shape[b])
+        fail("namedax::", verb, ": ", contracted ? "contracting" : "batch", " dimension ", a, " of x (size ", x.shape[a],
+             ") does not match dimension ", b, " of y (size ", y.shape[b], ")");
+      (contracted ? contract_shape : shape).push_back(x.shape[a]);
+      (contracted ? xc : xs).push_back(x.strides[a]);
+      (contracted ? yc : ys).push_back(y.strides[b]);
+    }
+  };
+  pair_up(batch, false);
+  pair_up(contract, true);
+  for (std::size_t a = 0; a < x_rank; ++a)
+    if (!x_used[a]) shape.push_back(x.shape[a]), xs.push_back(x.strides[a]), ys.push_back(0);
+  for (std::size_t b = 0; b < y_rank; ++b)
+    if (!y_used[b]) shape.push_back(y.shape[b]), xs.push_back(0), ys.push_back(y.strides[b]);
+  for (std::size_t v = 0; v + x_rank < x.shape.size(); ++v) {
+    const std::size_t nx = x.shape[x_rank + v], ny = y.shape[y_rank + v];
+    shape.push_back(std::max(nx, ny));
+    xs.push_back(nx == 1 ? 0 : x.strides[x_rank + v]);
+    ys.push_back(ny == 1 ? 0 : y.strides[y_rank + v]);
+  }
+
+  auto out = xt::xarray<T>::from_shape(shape);
+  const auto out_strides = row_major_strides(shape);
+  std::size_t contract_size = 1;
+  for (auto s : contract_shape) contract_size *= s;
+  // Offsets of every contracted position, in row-major order (the order of the sum).
+  std::vector<std::ptrdiff_t> x_offsets, y_offsets;
+  for (std::size_t flat = 0; flat < contract_size; ++flat) {
+    std::ptrdiff_t ox = 0, oy = 0;
+    for (std::size_t k = contract_shape.size(), rest = flat; k-- > 0;) {
+      const auto i = static_cast<std::ptrdiff_t>(rest % contract_shape[k]);
+      rest /= contract_shape[k];
+      ox += i * xc[k], oy += i * yc[k];
+    }
+    x_offsets.push_back(ox), y_offsets.push_back(oy);
+  }
+  // Two input offsets per output element: walk the output with x's strides, then again with y's.
+  std::vector<std::ptrdiff_t> x_base(out.size()), y_base(out.size());
+  auto record = [&](std::vector<std::ptrdiff_t>& base, const std::vector<std::ptrdiff_t>& strides) {
+    for_each_line(shape, strides, out_strides,
+                  [&](std::ptrdiff_t i, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t is, std::ptrdiff_t os) {
+                    for (std::size_t k = 0; k < n; ++k)
+                      base[static_cast<std::size_t>(o + static_cast<std::ptrdiff_t>(k) * os)] = i + static_cast<std::ptrdiff_t>(k) * is;
+                  });
+  };
+  record(x_base, xs);
+  record(y_base, ys);
+  // Size-1 output dims have stride 0 in out_strides; the flat index covers each element once.
+  for (std::size_t e = 0; e < out.size(); ++e) {
+    T acc{};
+    for (std::size_t c = 0; c < contract_size; ++c)
+      acc = static_cast<T>(acc + static_cast<T>(x.data[x_base[e] + x_offsets[c]]) * static_cast<T>(y.data[y_base[e] + y_offsets[c]]));
+    out.data()[e] = acc;
+  }
+  return out;
+}
+
+}  // namespace namedax::detail
