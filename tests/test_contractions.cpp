@@ -85,3 +85,48 @@ TEST_SUITE("pdot") {
           std::string::npos);
   }
 }
+
+TEST_SUITE("pgather") {
+  TEST_CASE("a sharded embedding lookup: rows spread along a named axis, read from any shard") {
+    xt::xarray<float> table = xt::arange<float>(12).reshape({3, 2, 2});  // 3 shards x 2 rows x dim 2
+    xt::xarray<int> ids{5, 0, 3, 7};                                      // global rows; 7 is out of range
+    auto f = [&](auto shard) { return namedax::pgather(shard, ids, namedax::axes("shard"_ax, 0)); };
+    auto v = namedax::vmap<"shard">(f)(table);
+    auto p = namedax::pmap<"shard">(f)(table);
+    CHECK_BITWISE(v, p);
+    for (std::size_t s = 0; s < 3; ++s) {
+      CHECK(v(s, 0, 0) == 10.f);
+      CHECK(v(s, 0, 1) == 11.f);
+      CHECK(v(s, 1, 1) == 1.f);
+      CHECK(v(s, 2, 0) == 6.f);
+      CHECK(std::isnan(v(s, 3, 0)));
+    }
+  }
+  TEST_CASE("positional gather; out-of-range fills per type; indices that vary along the axis") {
+    xt::xarray<int> x = xt::arange<int>(6).reshape({2, 3});
+    auto g = [](auto row) { return namedax::pgather(row, xt::xarray<int>{2, 0, -1}, namedax::axes(0)); };
+    xt::xarray<int> expected{{2, 0, std::numeric_limits<int>::lowest()}, {5, 3, std::numeric_limits<int>::lowest()}};
+    CHECK_BITWISE(namedax::vmap<"i">(g)(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(g)(x), expected);
+    xt::xarray<bool> flags{{true, false}, {false, false}};
+    auto b = [](auto row) { return namedax::pgather(row, 9, namedax::axes(0)); };
+    CHECK(xt::all(namedax::vmap<"i">(b)(flags)));  // out of range reads true
+    // Each index of "i" reads the element of "i" its own idx names: a permutation by gather.
+    xt::xarray<int> src{10, 11, 12, 13};
+    xt::xarray<int> idx{3, 0, 0, 2};
+    auto h = [](auto s, auto i) { return namedax::pgather(s, i, "i"_ax); };
+    xt::xarray<int> gathered{13, 10, 10, 12};
+    CHECK_BITWISE(namedax::vmap<"i">(h)(src, idx), gathered);
+    CHECK_BITWISE(namedax::pmap<"i">(h)(src, idx), gathered);
+  }
+  TEST_CASE("over two names row-major, in every placement of a 2-D mesh") {
+    xt::xarray<double> x = xt::arange<double>(12).reshape({2, 3, 2});
+    auto f = [](auto x) { return namedax::pgather(x, xt::xarray<int>{5, 1, 3}, namedax::axes("i"_ax, "j"_ax)); };
+    auto reference = namedax::vmap<"i">(namedax::vmap<"j">(f))(x);
+    CHECK(reference(1, 2, 0, 1) == 11.0);  // rank 5 = (i=1, j=2), element 1
+    CHECK(reference(0, 0, 1, 0) == 2.0);   // rank 1 = (0, 1)
+    CHECK_BITWISE(namedax::pmap<"i">(namedax::vmap<"j">(f))(x), reference);
+    CHECK_BITWISE(namedax::vmap<"i">(namedax::pmap<"j">(f))(x), reference);
+    CHECK_BITWISE(namedax::pmap<"i">(namedax::pmap<"j">(f))(x), reference);
+  }
+}

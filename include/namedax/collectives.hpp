@@ -8,6 +8,7 @@
 #include <namedax/detail/all_gather.hpp>
 #include <namedax/detail/all_to_all.hpp>
 #include <namedax/detail/pdot.hpp>
+#include <namedax/detail/pgather.hpp>
 #include <namedax/detail/ppermute.hpp>
 #include <namedax/detail/psum_scatter.hpp>
 #include <namedax/detail/reduction.hpp>
@@ -522,5 +523,57 @@ struct pdot_fn {
   }
 };
 inline constexpr pdot_fn pdot{};
+
+/// Gathers along axes: each integer of `idx` is a row-major index over the named axes (in
+/// the order given) and then the positional ones; the result has idx's positional dims, then
+/// src's remaining ones. Named axes go beyond JAX: the source is read from whichever index
+/// (vmap slot or device) holds it. Out-of-range indices read NaN, the lowest integer, or true.
+///   pgather(table, ids, "shard"_ax)  // a sharded embedding lookup
+struct pgather_fn {
+  static constexpr std::string_view name = "pgather";
+  template <class S, class I, AxisArgument A>
+    requires(NamedValue<S> && (NamedValue<I> || PlainValue<I>))
+  auto operator()(const S& src, const I& idx, const A& axes) const {
+    return gather(src, idx, detail::to_axis_list(axes));
+  }
+
+ private:
+  template <class S, class I, std::size_t P, class... Names>
+  static auto gather(const S& src, const I& idx, const axis_list<P, Names...>& list) {
+    using Env = typename detail::merged_env<env<>, S, I>::type;
+    detail::require_bound<pgather_fn, Env, Names...>();
+    using T = typename S::value_type;
+    using Index = detail::value_type_of_t<I>;
+    static_assert(std::is_integral_v<Index> && !std::is_same_v<Index, bool>, "namedax::pgather: indices must be integers");
+    auto lifted = detail::make_named<decltype(detail::payload_in<Env>(src)), Env, S::varying>(detail::payload_in<Env>(src));
+    xt::xarray<T> src_storage;
+    auto block = detail::block_in_memory<T>(lifted.payload(), src_storage);
+    const std::size_t src_rank = block.shape.size() - Env::vectorized_count;
+    auto dims = detail::canonical_positional(name, list.positional, src_rank);
+
+    // idx in the environment, kept alive while the rule reads it.
+    auto idx_payload = [&] {
+      if constexpr (std::is_arithmetic_v<I>) {
+        std::array<std::size_t, Env::vectorized_count> ones;
+        ones.fill(1);
+        xt::xarray<Index> scalar = xt::xarray<Index>::from_shape(ones);
+        scalar.fill(idx);
+        return xt::make_xshared(std::move(scalar));
+      } else {
+        return detail::payload_in<Env>(idx);
+      }
+    }();
+    xt::xarray<Index> idx_storage;
+    auto index = detail::block_in_memory<Index>(idx_payload, idx_storage);
+    constexpr axis_mask names_mask = Env::template mask_of<Names...>();
+    constexpr bool idx_varies = (detail::mask_of<I>() & names_mask & Env::vectorized_mask) != 0;
+    const auto axes = detail::describe_named_axes<decltype(lifted), Names...>(name);
+    auto out = detail::pgather_rule<T, Index>(name, std::move(block), src_rank, axes, dims, index,
+                                             index.shape.size() - Env::vectorized_count, idx_varies);
+    constexpr axis_mask varying = (S::varying & ~names_mask) | detail::mask_of<I>();
+    return detail::make_named<detail::shared_array<T>, Env, varying>(xt::make_xshared(std::move(out)));
+  }
+};
+inline constexpr pgather_fn pgather{};
 
 }  // namespace namedax

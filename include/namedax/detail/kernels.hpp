@@ -100,6 +100,17 @@ inline std::vector<std::ptrdiff_t> row_major_strides(std::span<const std::size_t
   return strides;
 }
 
+/// For each element of `shape` (addressed by `out_strides` from 0), its offset with `strides`:
+/// a table that lets one loop walk two layouts at once.
+inline void element_offsets(std::span<const std::size_t> shape, std::span<const std::ptrdiff_t> strides,
+                            std::span<const std::ptrdiff_t> out_strides, std::vector<std::ptrdiff_t>& into) {
+  for_each_line(shape, strides, out_strides,
+                [&](std::ptrdiff_t i, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t is, std::ptrdiff_t os) {
+                  for (std::size_t k = 0; k < n; ++k)
+                    into[static_cast<std::size_t>(o + static_cast<std::ptrdiff_t>(k) * os)] = i + static_cast<std::ptrdiff_t>(k) * is;
+                });
+}
+
 /// A strided block of memory: what a container or a strided view of one exposes.
 template <class T>
 struct strided_block {

@@ -74,15 +74,8 @@ xt::xarray<T> dot_general(std::string_view verb, const strided_block<X>& x, std:
   }
   // Two input offsets per output element: walk the output with x's strides, then again with y's.
   std::vector<std::ptrdiff_t> x_base(out.size()), y_base(out.size());
-  auto record = [&](std::vector<std::ptrdiff_t>& base, const std::vector<std::ptrdiff_t>& strides) {
-    for_each_line(shape, strides, out_strides,
-                  [&](std::ptrdiff_t i, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t is, std::ptrdiff_t os) {
-                    for (std::size_t k = 0; k < n; ++k)
-                      base[static_cast<std::size_t>(o + static_cast<std::ptrdiff_t>(k) * os)] = i + static_cast<std::ptrdiff_t>(k) * is;
-                  });
-  };
-  record(x_base, xs);
-  record(y_base, ys);
+  element_offsets(shape, xs, out_strides, x_base);
+  element_offsets(shape, ys, out_strides, y_base);
   // Size-1 output dims have stride 0 in out_strides; the flat index covers each element once.
   for (std::size_t e = 0; e < out.size(); ++e) {
     T acc{};

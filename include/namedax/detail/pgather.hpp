@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: MIT
+// pgather's rule, both modes: each index value picks one element along the gathered axes
+// (named axes first, then positional ones, row-major), from whichever member holds it.
+#pragma once
+
+#include <namedax/detail/all_gather.hpp>
+
+#include <limits>
+
+namespace namedax::detail {
+
+/// What an out-of-range index reads, as lax.gather fills: NaN, the lowest integer, true.
+template <class T>
+constexpr T gather_fill() {
+  if constexpr (std::is_same_v<T, bool>) return true;
+  else if constexpr (std::is_floating_point_v<T>) return std::numeric_limits<T>::quiet_NaN();
+  else return std::numeric_limits<T>::lowest();
+}
+
+/// `src` (positional rank `src_rank`, then the environment's vectorized dims) gathered along
+/// the named `axes` and the positional dims `dims` by the integer block `idx` (positional rank
+/// `idx_rank`, then the same vectorized dims, each of size n or 1). `idx_varies` says whether
+/// idx varies along the named vectorized axes (then so does the output).
+template <class T, class I>
+xt::xarray<T> pgather_rule(std::string_view verb, strided_block<T> src, std::size_t src_rank,
+                           std::span<const named_axis> axes, std::span<const std::size_t> dims,
+                           const strided_block<I>& idx, std::size_t idx_rank, bool idx_varies) {
+  collective_frame<T> frame(verb, std::move(src), src_rank, axes, std::nullopt, false, message(" along dims ", dims));
+  const auto& in_shape = frame.in_shape();
+  const std::size_t vec = in_shape.size() - src_rank;
+  std::vector<bool> gathered(src_rank, false);
+  std::size_t positional_size = 1;
+  for (auto d : dims) gathered[d] = true, positional_size *= in_shape[d];
+  const std::size_t range = frame.total() * positional_size;
+
+  // Output: idx's positional dims, src's other positional dims, then the vectorized dims.
+  std::vector<std::size_t> shape(idx.shape.begin(), idx.shape.begin() + static_cast<std::ptrdiff_t>(idx_rank));
+  for (std::size_t d = 0; d < src_rank; ++d)
+    if (!gathered[d]) shape.push_back(in_shape[d]);
+  const std::size_t out_rank = shape.size();
+  std::vector<bool> named_dim(vec, false);
+  for (const auto& ax : axes)
+    if (ax.place == placement::vectorized) named_dim[ax.slot] = true;
+  for (std::size_t v = 0; v < vec; ++v)
+    shape.push_back(named_dim[v] ? (idx_varies ? idx.shape[idx_rank + v] : 1)
+                                 : std::max(in_shape[src_rank + v], idx.shape[idx_rank + v]));
+  auto out = xt::xarray<T>::from_shape(shape);
+  const auto out_strides = row_major_strides(shape);
+
+  // Strides of idx and of a member along the output's dims (0 where one does not have the dim).
+  const auto member0 = frame.member(0);
+  std::vector<std::ptrdiff_t> idx_strides, src_strides, gathered_strides;
+  for (std::size_t d = 0; d < idx_rank; ++d) idx_strides.push_back(idx.strides[d]), src_strides.push_back(0);
+  for (std::size_t d = 0; d < src_rank; ++d)
+    if (!gathered[d]) idx_strides.push_back(0), src_strides.push_back(member0.strides[d]);
+  for (std::size_t v = 0; v < vec; ++v) {
+    idx_strides.push_back(named_dim[v] || idx.shape[idx_rank + v] == 1 ? 0 : idx.strides[idx_rank + v]);
+    src_strides.push_back(named_dim[v] || in_shape[src_rank + v] == 1 ? 0 : member0.strides[src_rank + v]);
+  }
+  std::vector<std::size_t> gathered_sizes;
+  for (auto d : dims) gathered_sizes.push_back(in_shape[d]), gathered_strides.push_back(member0.strides[d]);
+
+  std::vector<const T*> members;
+  for (std::size_t m = 0; m < frame.total(); ++m) members.push_back(frame.member(m).data);
+  std::vector<std::size_t> slab(shape);  // the part of the output one owned rank fills
+  for (const auto& ax : axes)
+    if (ax.place == placement::vectorized) slab[out_rank + ax.slot] = 1;
+  std::vector<std::ptrdiff_t> idx_offset(out.size()), src_offset(out.size());
+  element_offsets(slab, idx_strides, out_strides, idx_offset);
+  element_offsets(slab, src_strides, out_strides, src_offset);
+
+  frame.for_each_owned(idx_varies, [&](std::size_t rank) {
+    T* target = out.data() + frame.vectorized_offset(rank, out_strides, out_rank);
+    const I* index = idx.data + frame.vectorized_offset(rank, idx.strides, idx_rank);
+    auto gather_one = [&](std::size_t e) {
+      const auto f = static_cast<long long>(index[idx_offset[e]]);
+      if (f < 0 || static_cast<std::size_t>(f) >= range) return gather_fill<T>();
+      std::size_t q = static_cast<std::size_t>(f) % positional_size;
+      std::ptrdiff_t within = 0;
+      for (std::size_t g = gathered_sizes.size(); g-- > 0;)
+        within += static_cast<std::ptrdiff_t>(q % gathered_sizes[g]) * gathered_strides[g], q /= gathered_sizes[g];
+      return members[static_cast<std::size_t>(f) / positional_size][src_offset[e] + within];
+    };
+    for_each_line(slab, out_strides, out_strides,
+                  [&](std::ptrdiff_t, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t, std::ptrdiff_t os) {
+                    for (std::size_t k = 0; k < n; ++k) {
+                      const auto e = static_cast<std::size_t>(o + static_cast<std::ptrdiff_t>(k) * os);
+                      target[e] = gather_one(e);
+                    }
+                  });
+  });
+  frame.release();
+  return out;
+}
+
+}  // namespace namedax::detail
