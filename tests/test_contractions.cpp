@@ -130,3 +130,61 @@ TEST_SUITE("pgather") {
     CHECK_BITWISE(namedax::pmap<"i">(namedax::pmap<"j">(f))(x), reference);
   }
 }
+
+TEST_SUITE("xeinsum") {
+  TEST_CASE("a sharded matmul, equal bit for bit to pdot, with the output in the order written") {
+    std::mt19937 rng(2);
+    auto x = namedax_test::random_array<float>(rng, {3, 4, 2});  // (model, rows, features per shard)
+    auto w = namedax_test::random_array<float>(rng, {3, 2, 5});
+    auto f = [](auto x, auto w) {
+      return std::tuple{namedax::xeinsum<"ij{model},jk{model}->ik">(x, w), namedax::pdot(x, w, "model"_ax, {{1}, {0}}),
+                        namedax::xeinsum<"ij{model},jk{model}->ki">(x, w)};
+    };
+    for (auto [e, d, t] : {namedax::vmap<"model">(f)(x, w), namedax::pmap<"model">(f)(x, w)}) {
+      CHECK_BITWISE(e, d);
+      xt::xarray<float> transposed = xt::transpose(e, {0, 2, 1});
+      CHECK_BITWISE(t, transposed);
+    }
+  }
+  TEST_CASE("a name only one input has is summed there; a name in the output stays") {
+    xt::xarray<double> x = xt::arange<double>(6).reshape({2, 3});  // mapped along "a": (3,) each
+    xt::xarray<double> y{1.0, 2.0, 3.0};
+    auto f = [&](auto x) {
+      return std::tuple{namedax::xeinsum<"i{a},i->i">(x, y), namedax::xeinsum<"i{a},i->i{a}">(x, y),
+                        namedax::xeinsum<"i{a}->">(x)};
+    };
+    for (auto [summed, kept, total] : {namedax::vmap<"a">(f)(x), namedax::pmap<"a">(f)(x)}) {
+      // summed: (x0 + x1) * y on both indices; kept: x_a * y; total: sum of everything.
+      xt::xarray<double> es{{3.0, 10.0, 21.0}, {3.0, 10.0, 21.0}}, ek{{0.0, 2.0, 6.0}, {3.0, 8.0, 15.0}}, et{15.0, 15.0};
+      CHECK_BITWISE(summed, es);
+      CHECK_BITWISE(kept, ek);
+      CHECK_BITWISE(total, et);
+    }
+  }
+  TEST_CASE("three operands against a naive loop") {
+    std::mt19937 rng(9);
+    auto a = namedax_test::random_array<int>(rng, {2, 3, 4});
+    auto b = namedax_test::random_array<int>(rng, {4, 5});
+    auto c = namedax_test::random_array<int>(rng, {5, 3});
+    auto f = [&](auto a) { return namedax::xeinsum<"ij,jk,kl->li">(a, b, c); };
+    auto v = namedax::vmap<"n">(f)(a);
+    for (std::size_t n = 0; n < 2; ++n)
+      for (std::size_t l = 0; l < 3; ++l)
+        for (std::size_t i = 0; i < 3; ++i) {
+          int acc = 0;
+          for (std::size_t j = 0; j < 4; ++j)
+            for (std::size_t k = 0; k < 5; ++k) acc += a(n, i, j) * b(j, k) * c(k, l);
+          CHECK(v(n, l, i) == acc);
+        }
+    CHECK_BITWISE(v, namedax::pmap<"n">(f)(a));
+  }
+  TEST_CASE("operands that do not fit the spec get an error naming the subscript and sizes") {
+    xt::xarray<float> x = xt::zeros<float>({2, 3}), y = xt::zeros<float>({4, 2});
+    auto f = [&](auto x) { return namedax::xeinsum<"j,jk->k">(x, y); };
+    CHECK(error_of([&] { namedax::vmap<"i">(f)(x); }).find("namedax::xeinsum: subscript 'j' has size 3 in operand 0 and 4 in operand 1") !=
+          std::string::npos);
+    auto g = [&](auto x) { return namedax::xeinsum<"jk->k">(x); };
+    CHECK(error_of([&] { namedax::pmap<"i">(g)(x); }).find("namedax::xeinsum: operand 0 has positional rank 1 but its spec 'jk' names 2 dims") !=
+          std::string::npos);
+  }
+}

@@ -87,11 +87,11 @@ struct make_axis_list<K, type_list<Names...>, First, Rest...>
 /// Build an axis list from names and positional ints: `axes("i"_ax, 0, "j"_ax)`.
 template <class... Args>
   requires((Axis<Args> || std::is_integral_v<Args>) && ...)
-constexpr auto axes(Args... args) {
+constexpr auto axes([[maybe_unused]] Args... args) {
   constexpr std::size_t positional = (std::size_t{std::is_integral_v<Args>} + ... + 0);
   using list = typename detail::make_axis_list<positional, detail::type_list<>, Args...>::type;
   list result;
-  std::size_t next = 0;
+  [[maybe_unused]] std::size_t next = 0;
   ([&] {
     if constexpr (std::is_integral_v<Args>) result.positional[next++] = static_cast<int>(args);
   }(), ...);

@@ -24,7 +24,7 @@ namespace namedax {
 /// Options of psum, pmean, pmax and pmin (JAX's keyword arguments).
 struct reduce_options {
   /// Reduce within each group of axis indices; the groups must partition 0..N-1.
-  std::vector<std::vector<int>> axis_index_groups;
+  std::vector<std::vector<int>> axis_index_groups{};
 };
 
 namespace detail {
@@ -60,10 +60,9 @@ inline std::vector<std::size_t> canonical_positional(std::string_view verb, std:
   return dims;
 }
 
-/// psum / pmean / pmax / pmin over `Names` and positional axes, for one leaf.
 /// The named axes of a collective on x, in the order given, as the rules need them.
 template <class X, class... Names>
-std::array<named_axis, sizeof...(Names)> describe_named_axes(std::string_view verb) {
+std::array<named_axis, sizeof...(Names)> describe_named_axes([[maybe_unused]] std::string_view verb) {
   using Env = typename X::env_type;
   return {[&] {
     constexpr int k = Env::index_of(Names::name);
@@ -72,6 +71,7 @@ std::array<named_axis, sizeof...(Names)> describe_named_axes(std::string_view ve
   }()...};
 }
 
+/// psum / pmean / pmax / pmin over `Names` and positional axes, for one leaf.
 /// `Grouped` (options were given) makes the result vary along the reduced axes: groups
 /// are runtime values, the result's type cannot depend on them.
 template <class Verb, reduction K, bool Grouped, class X, std::size_t P, class... Names>
@@ -229,7 +229,7 @@ inline std::optional<groups_t> groups_of(const std::vector<std::vector<int>>& gr
 
 /// Options of all_gather (JAX's keyword arguments).
 struct all_gather_options {
-  std::vector<std::vector<int>> axis_index_groups;  ///< gather within each group; equal sizes
+  std::vector<std::vector<int>> axis_index_groups{};  ///< gather within each group; equal sizes
   int axis = 0;                                     ///< where the gathered axis goes (tiled: which axis grows)
   bool tiled = false;                               ///< concatenate along `axis` instead of stacking
 };
@@ -261,7 +261,7 @@ inline constexpr all_gather_fn all_gather{};
 /// Options of psum_scatter (JAX's keyword arguments).
 struct psum_scatter_options {
   int scatter_dimension = 0;                        ///< the positional axis split among the indices
-  std::vector<std::vector<int>> axis_index_groups;  ///< reduce-scatter within each group; equal sizes
+  std::vector<std::vector<int>> axis_index_groups{};  ///< reduce-scatter within each group; equal sizes
   bool tiled = false;                               ///< keep scatter_dimension, divided, instead of removing it
 };
 
@@ -284,7 +284,7 @@ inline constexpr psum_scatter_fn psum_scatter{};
 
 /// Options of all_to_all (JAX's keyword arguments).
 struct all_to_all_options {
-  std::vector<std::vector<int>> axis_index_groups;  ///< exchange within each group; equal sizes
+  std::vector<std::vector<int>> axis_index_groups{};  ///< exchange within each group; equal sizes
   bool tiled = false;  ///< split split_axis into chunks and concatenate them along concat_axis
 };
 
@@ -307,7 +307,7 @@ inline constexpr all_to_all_fn all_to_all{};
 
 /// Options of pswapaxes.
 struct pswapaxes_options {
-  std::vector<std::vector<int>> axis_index_groups;  ///< swap within each group; equal sizes
+  std::vector<std::vector<int>> axis_index_groups{};  ///< swap within each group; equal sizes
 };
 
 /// Swaps the mapped axis with the positional axis `axis`: all_to_all(x, axes, axis, axis).

@@ -8,3 +8,4 @@
 #include <namedax/map.hpp>
 #include <namedax/named_array.hpp>
 #include <namedax/named_shape.hpp>
+#include <namedax/xeinsum.hpp>

@@ -1,0 +1,9 @@
+// SPDX-License-Identifier: MIT
+// Every subscript in the output must come from an input operand.
+// expect-error: namedax::xeinsum: a subscript appears in the output but in no input
+#include <namedax/detail/einsum_spec.hpp>
+
+int main() {
+  constexpr auto n = namedax::detail::einsum_spec<"ij,jk->iz">::operand_count;
+  return static_cast<int>(n);
+}
