@@ -3,8 +3,16 @@
 // semantics against naive loops, and vmap against pmap bit for bit on random inputs.
 #include "test_support.hpp"
 
+#include <boost/hana/define_struct.hpp>
+
 using namespace namedax::literals;
 using namedax_test::bitwise_equal;
+
+// A pytree node of the user's: gradients of a model, one member per parameter.
+template <class T>
+struct gradients {
+  BOOST_HANA_DEFINE_STRUCT(gradients, (T, weights), (T, bias));
+};
 
 namespace {
 // Runs `f` mapped along "i" in both modes.
@@ -213,6 +221,22 @@ TEST_SUITE("reductions") {
     xt::xarray<float> expected{2.f, 4.f, 2.f, 4.f, 4.f};
     CHECK_BITWISE(v, expected);
     CHECK_BITWISE(p, expected);
+  }
+  TEST_CASE("pytrees: a Boost.Hana struct keeps its shape through collectives and both maps") {
+    xt::xarray<float> x = xt::arange<float>(8).reshape({4, 2});
+    auto f = [](auto x) {
+      gradients<decltype(namedax::eval(x))> g{namedax::eval(x), namedax::eval(x * 2.f)};
+      auto averaged = namedax::pmean(g, "i"_ax);
+      static_assert(std::is_same_v<decltype(averaged.weights), decltype(averaged.bias)>);
+      return averaged;
+    };
+    auto v = namedax::vmap<"i">(f)(x);
+    auto p = namedax::pmap<"i">(f)(x);
+    static_assert(std::is_same_v<decltype(v), gradients<xt::xarray<float>>>);
+    xt::xarray<float> ew{{3.f, 4.f}, {3.f, 4.f}, {3.f, 4.f}, {3.f, 4.f}};
+    CHECK_BITWISE(v.weights, ew);
+    CHECK_BITWISE(p.weights, ew);
+    CHECK_BITWISE(p.bias, (ew * 2.f));
   }
   TEST_CASE("pytrees: a tuple and an array of values") {
     xt::xarray<int> x = xt::arange<int>(4);

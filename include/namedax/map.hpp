@@ -233,11 +233,12 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
       }
       return map_output<Outer, result_mask<Inner, Leaf>>(verb, A::name, slabs, out_axes);
     };
-    if constexpr (is_tuple_like<result_type>) {
+    if constexpr (is_node<result_type>) {
+      using parts = decltype(children(std::declval<const result_type&>()));
       return [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return make_like<result_type>(stack.template operator()<std::tuple_element_t<I, result_type>>(
-            [](const auto& leaves) -> const auto& { return std::get<I>(leaves); })...);
-      }(std::make_index_sequence<std::tuple_size_v<result_type>>{});
+        return make_like<result_type>(stack.template operator()<std::remove_cvref_t<std::tuple_element_t<I, parts>>>(
+            [](const auto& leaves) -> const auto& { return std::get<I>(children(leaves)); })...);
+      }(std::make_index_sequence<std::tuple_size_v<parts>>{});
     } else {
       return stack.template operator()<result_type>([](const auto& leaf) -> const auto& { return leaf; });
     }
