@@ -218,6 +218,14 @@ TEST_SUITE("permutations") {
     CHECK_BITWISE(namedax::pmap<"i">(ring_sum)(x), namedax::vmap<"i">(psum)(x));
     CHECK_BITWISE(namedax::vmap<"i">(ring_sum)(x), namedax::vmap<"i">(psum)(x));
   }
+  TEST_CASE("a permutation known at compile time, checked against a static axis size") {
+    xt::xarray<int> x{10, 11, 12, 13};
+    auto f = [](auto x) { return namedax::ppermute(x, "i"_ax, namedax::static_perm<0, 1, 1, 2, 2, 3, 3, 0>); };
+    xt::xarray<int> expected{13, 10, 11, 12};
+    auto static_size = namedax::vmap<"i", 4>(f);
+    CHECK_BITWISE(static_size(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x), expected);
+  }
   TEST_CASE("pshuffle: output i comes from input perm[i]") {
     xt::xarray<int> x{10, 11, 12, 13};
     auto [v, p] = both_modes([](auto x) { return namedax::pshuffle(x, "i"_ax, {2, 0, 3, 1}); }, x);

@@ -14,6 +14,7 @@
 #include <namedax/detail/reduction.hpp>
 #include <namedax/named_array.hpp>
 
+#include <algorithm>
 #include <array>
 #include <limits>
 #include <optional>
@@ -326,10 +327,68 @@ struct pswapaxes_fn {
 };
 inline constexpr pswapaxes_fn pswapaxes{};
 
+/// A permutation known at compile time, as flat (source, destination) pairs:
+/// `ppermute(x, "i"_ax, namedax::static_perm<0, 1, 1, 2, 2, 0>)`. Repeated or negative
+/// indices do not compile, nor indices past a static axis size (`vmap<"i", 3>`).
+template <int... SourceDestination>
+struct static_permutation {
+  static constexpr std::array<int, sizeof...(SourceDestination)> flat{SourceDestination...};
+  static constexpr bool pairs_complete = sizeof...(SourceDestination) % 2 == 0;
+  static constexpr bool nonnegative = ((SourceDestination >= 0) && ...);
+  static constexpr bool unique_at(std::size_t offset) {
+    for (std::size_t a = offset; a < flat.size(); a += 2)
+      for (std::size_t b = a + 2; b < flat.size(); b += 2)
+        if (flat[a] == flat[b]) return false;
+    return true;
+  }
+  static constexpr bool sources_unique = unique_at(0);
+  static constexpr bool destinations_unique = unique_at(1);
+  static constexpr int largest = std::max({0, SourceDestination...});
+  static std::vector<std::pair<int, int>> pairs() {
+    std::vector<std::pair<int, int>> out;
+    for (std::size_t k = 0; k + 1 < flat.size(); k += 2) out.emplace_back(flat[k], flat[k + 1]);
+    return out;
+  }
+};
+template <int... SourceDestination>
+inline constexpr static_permutation<SourceDestination...> static_perm{};
+
+namespace detail {
+// Named so that a failing static_assert prints the permutation.
+template <class Perm>
+inline constexpr bool permutation_is_well_formed =
+    Perm::pairs_complete && Perm::nonnegative && Perm::sources_unique && Perm::destinations_unique;
+
+/// The static size of the single axis `Names` in `X`'s environment, or dynamic_extent.
+template <class X, class... Names>
+constexpr std::size_t static_axis_size() {
+  if constexpr (NamedValue<X> && sizeof...(Names) == 1) {
+    constexpr int k = (X::env_type::index_of(Names::name), ...);
+    if constexpr (k >= 0) return X::env_type::extents[k];
+  }
+  return dynamic_extent;
+}
+template <class Perm, std::size_t Extent>
+inline constexpr bool permutation_fits_axis_size = Extent == dynamic_extent || Perm::largest < static_cast<int>(Extent);
+}  // namespace detail
+
 /// Sends the value of index `source` to index `destination` for each pair; indices that
 /// receive nothing get zeros: `ppermute(x, "i"_ax, {{0, 1}, {1, 2}, {2, 3}, {3, 0}})` shifts by one.
 struct ppermute_fn {
   static constexpr std::string_view name = "ppermute";
+  /// A permutation known at compile time: its mistakes do not compile.
+  template <class X, AxisArgument A, int... P>
+  auto operator()(const X& x, const A& axes, static_permutation<P...>) const {
+    using perm = static_permutation<P...>;
+    static_assert(detail::permutation_is_well_formed<perm>,
+                  "namedax::ppermute: the static permutation needs (source, destination) pairs of indices >= 0 "
+                  "with no source and no destination twice");
+    [&]<class... Names>(detail::type_list<Names...>) {
+      static_assert(detail::permutation_fits_axis_size<perm, detail::static_axis_size<X, Names...>()>,
+                    "namedax::ppermute: the static permutation names an index past the axis's static size");
+    }(detail::names_only(detail::to_axis_list(axes)));
+    return (*this)(x, axes, perm::pairs());
+  }
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes, const std::vector<std::pair<int, int>>& perm) const {
     auto names = detail::names_only(detail::to_axis_list(axes));
