@@ -6,6 +6,8 @@
 #include <boost/hana/define_struct.hpp>
 
 using namespace namedax::literals;
+using namedax_test::both_modes;
+using namedax_test::error_of;
 using namedax_test::bitwise_equal;
 
 // A pytree node of the user's: gradients of a model, one member per parameter.
@@ -14,13 +16,6 @@ struct gradients {
   BOOST_HANA_DEFINE_STRUCT(gradients, (T, weights), (T, bias));
 };
 
-namespace {
-// Runs `f` mapped along "i" in both modes.
-template <class F, class... Args>
-auto both_modes(F f, const Args&... args) {
-  return std::pair{namedax::vmap<"i">(f)(args...), namedax::pmap<"i">(f)(args...)};
-}
-}  // namespace
 
 TEST_SUITE("docstring examples") {
   TEST_CASE("psum: [0, 1, 2, 3] sums to 6 on every index") {
@@ -255,15 +250,6 @@ TEST_SUITE("reductions") {
 }
 
 TEST_SUITE("bad input") {
-  template <class F>
-  std::string error_of(F f) {
-    try {
-      f();
-    } catch (const namedax::error& e) {
-      return e.what();
-    }
-    return "no error";
-  }
   TEST_CASE("groups that miss, repeat or overflow indices name psum, the axis and the size") {
     xt::xarray<int> x = xt::arange<int>(4);
     auto with = [&](std::vector<std::vector<int>> groups) {

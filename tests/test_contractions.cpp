@@ -4,18 +4,9 @@
 #include "test_support.hpp"
 
 using namespace namedax::literals;
+using namedax_test::both_modes;
+using namedax_test::error_of;
 
-namespace {
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const namedax::error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-}  // namespace
 
 TEST_SUITE("pdot") {
   TEST_CASE("a tensor-parallel matmul: features sharded along model, summed by pdot") {

@@ -7,22 +7,11 @@
 #include <xtensor/xview.hpp>
 
 using namespace namedax::literals;
+using namedax_test::both_modes;
+using namedax_test::error_of;
 
 namespace {
-template <class F, class... Args>
-auto both_modes(F f, const Args&... args) {
-  return std::pair{namedax::vmap<"i">(f)(args...), namedax::pmap<"i">(f)(args...)};
-}
 
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const namedax::error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 // x with each index's slice: x(i, ...) for the mapped leading axis.
 template <class T>

@@ -31,6 +31,23 @@ std::string show(const A& a) {
   return out.str();
 }
 
+/// Runs `f` mapped along "i" in both modes.
+template <class F, class... Args>
+auto both_modes(F f, const Args&... args) {
+  return std::pair{namedax::vmap<"i">(f)(args...), namedax::pmap<"i">(f)(args...)};
+}
+
+/// The message of the namedax::error that `f` throws, or "no error".
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const namedax::error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 #define CHECK_BITWISE(a, b) CHECK_MESSAGE(::namedax_test::bitwise_equal(a, b), ::namedax_test::show(a), " vs ", ::namedax_test::show(b))
 
 /// A random array of `shape` with values that make floating-point sums order-sensitive.

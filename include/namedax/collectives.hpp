@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
-// The public collectives of the first slice: psum, pmean, pmax, pmin, axis_index, axis_size.
-// Each dispatches on the placement of its axes at compile time: vectorized axes take the
-// batching rule, device axes the exchange among device threads (see detail/reduction.hpp).
+// The public collectives: psum, pmean, pmax, pmin, all_gather, psum_scatter, all_to_all,
+// pswapaxes, ppermute, pshuffle, pargmax, pargmin, axis_index, axis_size, pdot and pgather.
+// Each runs one rule (detail/) that serves both placements: vectorized axes are read in
+// place, device axes through the exchange among device threads.
 #pragma once
 
 #include <namedax/axis.hpp>
@@ -240,17 +241,24 @@ struct all_gather_options {
 /// Several names gather row-major over them (beyond JAX).
 struct all_gather_fn {
   static constexpr std::string_view name = "all_gather";
+  /// Without options the result is the same along the axes.
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes) const {
-    return (*this)(x, axes, all_gather_options{});
+    return gather<true>(x, axes, all_gather_options{});
   }
   /// With options the result's type varies along the axes: groups may make it differ.
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes, const all_gather_options& options) const {
+    return gather<false>(x, axes, options);
+  }
+
+ private:
+  template <bool Invariant, class X, class A>
+  static auto gather(const X& x, const A& axes, const all_gather_options& options) {
     auto names = detail::names_only(detail::to_axis_list(axes));
     auto groups = detail::groups_of(options.axis_index_groups);
     return detail::tree_map(x, [&](const auto& leaf) {
-      return detail::collective_leaf<all_gather_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+      return detail::collective_leaf<all_gather_fn, Invariant, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
         return detail::all_gather_rule(name, std::move(in), rank, ax, groups, options.axis, options.tiled,
                                        groups.has_value());
       });
@@ -320,7 +328,7 @@ struct pswapaxes_fn {
     auto groups = detail::groups_of(options.axis_index_groups);
     return detail::tree_map(x, [&](const auto& leaf) {
       return detail::collective_leaf<pswapaxes_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
-        return detail::all_to_all_rule(name, std::move(in), rank, ax, groups, axis, axis, false);
+        return detail::all_to_all_rule(name, std::move(in), rank, ax, groups, axis, axis, false, "axis");
       });
     });
   }

@@ -17,6 +17,16 @@ inline std::size_t positional_axis(std::string_view verb, std::string_view what,
   return static_cast<std::size_t>(d);
 }
 
+/// The length of one of `g` chunks of positional dim `dim` (named `what` = `axis` by the
+/// user): untiled, the dim must have exactly `g` elements; tiled, a multiple of `g`.
+inline std::size_t chunk_length(std::string_view verb, std::string_view what, int axis, std::size_t size,
+                                std::size_t g, bool tiled, std::span<const named_axis> axes, bool grouped) {
+  if (tiled ? size % g != 0 : size != g)
+    fail("namedax::", verb, ": the size of ", what, " ", axis, " (", size, ") must ", tiled ? "be divisible by" : "equal",
+         " the size of axis ", describe_axes(axes), " (", g, grouped ? " in each group" : "", ")");
+  return size / g;
+}
+
 /// A block without dimension `dim`, at index `index` along it.
 template <class T>
 strided_block<T> drop_dim(strided_block<T> b, std::size_t dim, std::size_t index) {

@@ -10,20 +10,16 @@ namespace namedax::detail {
 template <class T>
 xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
                               std::span<const named_axis> axes, const std::optional<groups_t>& groups, int split_axis,
-                              int concat_axis, bool tiled) {
+                              int concat_axis, bool tiled, std::string_view split_name = "split_axis") {
   collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true,
                             message(" with split_axis ", split_axis, " and concat_axis ", concat_axis,
                                     tiled ? ", tiled" : ""));
   const std::size_t g = frame.groups().members.front().size();
   std::vector<std::size_t> positional(frame.in_shape().begin(),
                                       frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
-  const std::size_t split = positional_axis(verb, "split_axis", split_axis, positional_rank, axes);
+  const std::size_t split = positional_axis(verb, split_name, split_axis, positional_rank, axes);
   const std::size_t concat = positional_axis(verb, "concat_axis", concat_axis, positional_rank, axes);
-  if (tiled ? positional[split] % g != 0 : positional[split] != g)
-    fail("namedax::", verb, ": the size of split_axis ", split_axis, " (", positional[split], ") must ",
-         tiled ? "be divisible by" : "equal", " the size of axis ", describe_axes(axes), " (", g,
-         groups ? " in each group" : "", ")");
-  const std::size_t chunk = positional[split] / g;
+  const std::size_t chunk = chunk_length(verb, split_name, split_axis, positional[split], g, tiled, axes, groups.has_value());
   // Untiled: the split axis goes and the gathered one is inserted at concat_axis.
   if (tiled) {
     positional[split] = chunk;

@@ -18,11 +18,8 @@ xt::xarray<T> psum_scatter_rule(std::string_view verb, strided_block<T> in, std:
   std::vector<std::size_t> positional(frame.in_shape().begin(),
                                       frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
   const std::size_t d = positional_axis(verb, "scatter_dimension", scatter_dimension, positional_rank, axes);
-  if (tiled ? positional[d] % g != 0 : positional[d] != g)
-    fail("namedax::", verb, ": the size of scatter_dimension ", scatter_dimension, " (", positional[d], ") must ",
-         tiled ? "be divisible by" : "equal", " the size of axis ", describe_axes(axes), " (", g,
-         groups ? " in each group" : "", ")");
-  const std::size_t chunk = positional[d] / g;
+  const std::size_t chunk =
+      chunk_length(verb, "scatter_dimension", scatter_dimension, positional[d], g, tiled, axes, groups.has_value());
   if (tiled) positional[d] = chunk;
   else positional.erase(positional.begin() + static_cast<std::ptrdiff_t>(d));
   auto out = xt::xarray<T>::from_shape(frame.output_shape(positional, true));
