@@ -179,3 +179,35 @@ TEST_SUITE("xeinsum") {
           std::string::npos);
   }
 }
+
+TEST_SUITE("differential") {
+  template <class T>
+  void contraction_run(std::mt19937& rng) {
+    std::uniform_int_distribution<std::size_t> size_of(1, 8), extent(1, 4);
+    const std::size_t n = size_of(rng), a = extent(rng), b = extent(rng), c = extent(rng);
+    auto x = namedax_test::random_array<T>(rng, {n, a, b});
+    auto y = namedax_test::random_array<T>(rng, {n, b, c});
+    xt::xarray<int> ids = xt::xarray<int>::from_shape({3});
+    std::uniform_int_distribution<int> id(-1, static_cast<int>(n * a));  // includes out-of-range ones
+    for (auto& v : ids) v = id(rng);
+    CAPTURE(n);
+    CAPTURE(a);
+    CAPTURE(b);
+    CAPTURE(c);
+    auto f = [&](auto x, auto y) {
+      return std::tuple{namedax::pdot(x, y, "i"_ax, {{1}, {0}}), namedax::pdot(x, y, namedax::axes(), {{1}, {0}}),
+                        namedax::xeinsum<"ab{i},bc{i}->ca">(x, y), namedax::xeinsum<"ab{i},bc->ac{i}">(x, y),
+                        namedax::pgather(x, ids, namedax::axes("i"_ax, 0)), namedax::pgather(x, ids % static_cast<int>(a), namedax::axes(0))};
+    };
+    auto v = namedax::vmap<"i">(f)(x, y);
+    auto p = namedax::pmap<"i">(f)(x, y);
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      ([&] { CHECK_BITWISE(std::get<K>(v), std::get<K>(p)); }(), ...);
+    }(std::make_index_sequence<std::tuple_size_v<decltype(v)>>{});
+  }
+
+  TEST_CASE_TEMPLATE("vmap and pmap agree bitwise on pdot, xeinsum and pgather", T, float, double, std::int32_t) {
+    std::mt19937 rng(13);
+    for (int run = 0; run < 10; ++run) contraction_run<T>(rng);
+  }
+}

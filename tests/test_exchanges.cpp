@@ -40,7 +40,8 @@ xt::xarray<T> pick(const xt::xarray<T>& x, std::size_t dim, std::size_t begin, s
   else shape[dim] = length;
   xt::xarray<T> out = xt::xarray<T>::from_shape(shape);
   for (std::size_t flat = 0; flat < out.size(); ++flat) {
-    auto index = xt::unravel_index(flat, out.shape());
+    const auto unraveled = xt::unravel_index(flat, out.shape());
+    std::vector<std::size_t> index(unraveled.begin(), unraveled.end());
     if (squeeze) index.insert(index.begin() + static_cast<std::ptrdiff_t>(dim), begin);
     else index[dim] += begin;
     out.flat(flat) = x.element(index.begin(), index.end());

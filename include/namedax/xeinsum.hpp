@@ -72,10 +72,15 @@ struct xeinsum_fn {
   template <class... Xs>
     requires((NamedValue<Xs> || PlainValue<Xs>) && ...)
   auto operator()(const Xs&... xs) const {
-    static_assert(sizeof...(Xs) == spec::operand_count,
-                  "namedax::xeinsum: the spec names a different number of operands than were given; give one "
-                  "operand per comma-separated input spec");
-    return run(std::make_index_sequence<sizeof...(Xs)>{}, xs...);
+    // A malformed spec is reported by its own diagnostic alone: nothing else is checked or run.
+    if constexpr (detail::einsum_parsed<Spec>.error != detail::einsum_error::none) {
+      return spec::operand_count;
+    } else {
+      static_assert(sizeof...(Xs) == spec::operand_count,
+                    "namedax::xeinsum: the spec names a different number of operands than were given; give one "
+                    "operand per comma-separated input spec");
+      return run(std::make_index_sequence<sizeof...(Xs)>{}, xs...);
+    }
   }
 
  private:
