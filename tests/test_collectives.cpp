@@ -18,21 +18,21 @@ struct gradients {
 
 
 TEST_SUITE("docstring examples") {
-  TEST_CASE("psum: [0, 1, 2, 3] sums to 6 on every index") {
+  TEST_CASE("JAX docstring, psum: [0, 1, 2, 3] sums to 6 on every index") {
     xt::xarray<int> x = xt::arange<int>(4);
     auto [v, p] = both_modes([](auto x) { return namedax::psum(x, "i"_ax); }, x);
     xt::xarray<int> expected{6, 6, 6, 6};
     CHECK_BITWISE(v, expected);
     CHECK_BITWISE(p, expected);
   }
-  TEST_CASE("psum: x / psum(x) normalizes") {
+  TEST_CASE("JAX docstring, psum: x / psum(x) normalizes") {
     xt::xarray<float> x = xt::arange<float>(4);
     auto [v, p] = both_modes([](auto x) { return x / namedax::psum(x, "i"_ax); }, x);
     xt::xarray<float> expected{0.f, 1.f / 6, 2.f / 6, 3.f / 6};
     CHECK_BITWISE(v, expected);
     CHECK_BITWISE(p, expected);
   }
-  TEST_CASE("psum with axis_index_groups [[0, 1], [2, 3]]") {
+  TEST_CASE("JAX docstring, psum with axis_index_groups [[0, 1], [2, 3]]") {
     xt::xarray<int> x = xt::arange<int>(4);
     auto f = [](auto x) { return namedax::psum(x, "i"_ax, {.axis_index_groups = {{0, 1}, {2, 3}}}); };
     auto [v, p] = both_modes(f, x);
@@ -40,7 +40,7 @@ TEST_SUITE("docstring examples") {
     CHECK_BITWISE(v, expected);
     CHECK_BITWISE(p, expected);
   }
-  TEST_CASE("psum of a 4x4 array, whole and in groups") {
+  TEST_CASE("JAX docstring, psum of a 4x4 array, whole and in groups") {
     xt::xarray<int> x = xt::arange<int>(16).reshape({4, 4});
     auto [v, p] = both_modes([](auto x) { return namedax::psum(x, "i"_ax); }, x);
     xt::xarray<int> row{24, 28, 32, 36};
@@ -53,7 +53,7 @@ TEST_SUITE("docstring examples") {
     CHECK_BITWISE(gv, grouped);
     CHECK_BITWISE(gp, grouped);
   }
-  TEST_CASE("pmean: [0, 1, 2, 3] gives 1.5 (float32 from int)") {
+  TEST_CASE("JAX docstring, pmean: [0, 1, 2, 3] gives 1.5 (float32 from int)") {
     xt::xarray<int> x = xt::arange<int>(4);
     auto [v, p] = both_modes([](auto x) { return namedax::pmean(x, "i"_ax); }, x);
     static_assert(std::is_same_v<decltype(v)::value_type, float>);
@@ -61,14 +61,14 @@ TEST_SUITE("docstring examples") {
     CHECK_BITWISE(v, expected);
     CHECK_BITWISE(p, expected);
   }
-  TEST_CASE("pmean: x / pmean(x)") {
+  TEST_CASE("JAX docstring, pmean: x / pmean(x)") {
     xt::xarray<float> x = xt::arange<float>(4);
     auto [v, p] = both_modes([](auto x) { return x / namedax::pmean(x, "i"_ax); }, x);
     xt::xarray<float> expected{0.f, 1.f / 1.5f, 2.f / 1.5f, 3.f / 1.5f};
     CHECK_BITWISE(v, expected);
     CHECK_BITWISE(p, expected);
   }
-  TEST_CASE("axis_index: 4 and 8 devices") {
+  TEST_CASE("JAX docstring, axis_index: 4 and 8 devices") {
     for (std::size_t n : {4u, 8u}) {
       xt::xarray<float> zeros = xt::zeros<float>({n});
       auto [v, p] = both_modes([](auto) { return namedax::axis_index("i"_ax); }, zeros);
@@ -77,7 +77,7 @@ TEST_SUITE("docstring examples") {
       CHECK_BITWISE(p, expected);
     }
   }
-  TEST_CASE("axis_index: nested pmap over i (4) and j (2)") {
+  TEST_CASE("JAX docstring, axis_index: nested pmap over i (4) and j (2)") {
     xt::xarray<float> zeros = xt::zeros<float>({4, 2});
     auto inner = [](auto) { return std::tuple{namedax::axis_index("i"_ax), namedax::axis_index("j"_ax)}; };
     xt::xarray<std::int32_t> ei{{0, 0}, {1, 1}, {2, 2}, {3, 3}}, ej{{0, 1}, {0, 1}, {0, 1}, {0, 1}};

@@ -51,14 +51,14 @@ xt::xarray<T> pick(const xt::xarray<T>& x, std::size_t dim, std::size_t begin, s
 }  // namespace
 
 TEST_SUITE("docstring examples") {
-  TEST_CASE("all_gather: [0, 1, 2, 3] on every index") {
+  TEST_CASE("JAX docstring, all_gather: [0, 1, 2, 3] on every index") {
     xt::xarray<int> x = xt::arange<int>(4);
     auto [v, p] = both_modes([](auto x) { return namedax::all_gather(x, "i"_ax); }, x);
     xt::xarray<int> expected{{0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}};
     CHECK_BITWISE(v, expected);
     CHECK_BITWISE(p, expected);
   }
-  TEST_CASE("all_gather with axis_index_groups [[0, 2], [3, 1]]") {
+  TEST_CASE("JAX docstring, all_gather with axis_index_groups [[0, 2], [3, 1]]") {
     xt::xarray<int> x = xt::arange<int>(16).reshape({4, 4});
     auto [v, p] = both_modes([](auto x) { return namedax::all_gather(x, "i"_ax, {.axis_index_groups = {{0, 2}, {3, 1}}}); }, x);
     xt::xarray<int> expected{{{0, 1, 2, 3}, {8, 9, 10, 11}},
@@ -68,7 +68,7 @@ TEST_SUITE("docstring examples") {
     CHECK_BITWISE(v, expected);
     CHECK_BITWISE(p, expected);
   }
-  TEST_CASE("psum_scatter: untiled, tiled, and tiled in groups [[0, 2], [3, 1]]") {
+  TEST_CASE("JAX docstring, psum_scatter: untiled, tiled, and tiled in groups [[0, 2], [3, 1]]") {
     xt::xarray<int> x = xt::arange<int>(16).reshape({4, 4});
     auto [v, p] = both_modes([](auto x) { return namedax::psum_scatter(x, "i"_ax); }, x);
     xt::xarray<int> untiled{24, 28, 32, 36};
