@@ -305,6 +305,9 @@ TEST_SUITE("bad input") {
           std::string::npos);
     auto axis = [](auto x) { return namedax::all_gather(x, "i"_ax, {.axis = 5}); };
     CHECK(error_of([&] { namedax::vmap<"i">(axis)(x); }).find("namedax::all_gather: axis 5 is out of range") != std::string::npos);
+    auto bad_groups = [](auto x) { return namedax::pargmax(x, "i"_ax, {.axis_index_groups = {{0, 1}, {1, 2, 3}}}); };
+    CHECK(error_of([&] { namedax::vmap<"i">(bad_groups)(x); }).find("namedax::pargmax: axis_index_groups over axis ('i',)") !=
+          std::string::npos);
     auto unequal = [](auto x) { return namedax::all_gather(x, "i"_ax, {.axis_index_groups = {{0}, {1, 2, 3}}}); };
     CHECK(error_of([&] { namedax::pmap<"i">(unequal)(x); }).find("have unequal sizes 1 and 3") != std::string::npos);
   }

@@ -506,26 +506,26 @@ namespace namedax {
 namespace detail {
 /// The (extreme value, lowest linear index attaining it) of one leaf, as JAX computes pargmax:
 /// the index of every position holding the extreme, else the largest int32, then the minimum.
-template <class Extreme, class X, class A, class... Options>
+/// Both reductions report errors in the name of `Verb`.
+template <class Verb, reduction Extreme, class X, class A, class... Options>
 auto extreme_and_index(const X& x, const A& axes, const Options&... options) {
-  constexpr Extreme extreme{};
-  auto names = to_axis_list(axes);
-  (void)names_only(names);
-  auto value = extreme(x, axes, options...);
-  auto index = pmin(where(x == value, axis_index(axes), std::numeric_limits<std::int32_t>::max()), axes, options...);
+  (void)names_only(to_axis_list(axes));
+  auto value = all_reduce_verb<Verb, Extreme>{}(x, axes, options...);
+  auto candidates = where(x == value, axis_index(axes), std::numeric_limits<std::int32_t>::max());
+  auto index = all_reduce_verb<Verb, reduction::min>{}(candidates, axes, options...);
   return std::pair{value, index};
 }
 
-template <class Verb, class Extreme, bool WithValue>
+template <class Verb, reduction Extreme, bool WithValue>
 struct arg_extreme_verb {
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes) const {
-    return tree_map(x, [&](const auto& leaf) { return pick(extreme_and_index<Extreme>(leaf, axes)); });
+    return tree_map(x, [&](const auto& leaf) { return pick(extreme_and_index<Verb, Extreme>(leaf, axes)); });
   }
   /// With groups, the index is the linear index (along the axes) of the extreme in the caller's group.
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes, const reduce_options& options) const {
-    return tree_map(x, [&](const auto& leaf) { return pick(extreme_and_index<Extreme>(leaf, axes, options)); });
+    return tree_map(x, [&](const auto& leaf) { return pick(extreme_and_index<Verb, Extreme>(leaf, axes, options)); });
   }
 
  private:
@@ -539,19 +539,19 @@ struct arg_extreme_verb {
 
 /// The index along the axes (several names: row-major) of the maximum, as int32; ties go to
 /// the lowest index, a NaN anywhere gives the largest int32, as in JAX.
-struct pargmax_fn : detail::arg_extreme_verb<pargmax_fn, pmax_fn, false> {
+struct pargmax_fn : detail::arg_extreme_verb<pargmax_fn, detail::reduction::max, false> {
   static constexpr std::string_view name = "pargmax";
 };
 /// The index along the axes of the minimum, as int32; ties go to the lowest index.
-struct pargmin_fn : detail::arg_extreme_verb<pargmin_fn, pmin_fn, false> {
+struct pargmin_fn : detail::arg_extreme_verb<pargmin_fn, detail::reduction::min, false> {
   static constexpr std::string_view name = "pargmin";
 };
 /// `std::pair{pmax(x, axes), pargmax(x, axes)}`, computing the maximum once.
-struct pmax_with_index_fn : detail::arg_extreme_verb<pmax_with_index_fn, pmax_fn, true> {
+struct pmax_with_index_fn : detail::arg_extreme_verb<pmax_with_index_fn, detail::reduction::max, true> {
   static constexpr std::string_view name = "pmax_with_index";
 };
 /// `std::pair{pmin(x, axes), pargmin(x, axes)}`, computing the minimum once.
-struct pmin_with_index_fn : detail::arg_extreme_verb<pmin_with_index_fn, pmin_fn, true> {
+struct pmin_with_index_fn : detail::arg_extreme_verb<pmin_with_index_fn, detail::reduction::min, true> {
   static constexpr std::string_view name = "pmin_with_index";
 };
 inline constexpr pargmax_fn pargmax{};
