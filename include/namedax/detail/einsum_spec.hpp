@@ -75,6 +75,14 @@ constexpr bool einsum_is_space(char c) {
 }
 
 // A UTF-8 sequence is reported whole, so that a stray 'é' prints as itself.
+// Plain loops instead of std::string_view::find: under -fsanitize=address, g++ 12 cannot
+// evaluate find's pointer comparisons on a template argument's text at compile time.
+constexpr bool einsum_contains(std::string_view text, char c) {
+  for (char t : text)
+    if (t == c) return true;
+  return false;
+}
+
 constexpr std::size_t einsum_character_end(std::string_view s, std::size_t pos) {
   ++pos;
   while (pos < s.size() && (static_cast<unsigned char>(s[pos]) & 0xC0) == 0x80) ++pos;
@@ -97,8 +105,8 @@ consteval einsum_parse<Cap> parse_einsum_spec(std::string_view s) {
   // Like JAX, split at "->" before anything else.
   auto parse_arrow = [&](std::size_t& arrow) {
     std::size_t arrows = 0;
-    for (std::size_t p = s.find("->"); p != std::string_view::npos; p = s.find("->", p + 2))
-      if (arrows++ == 0) arrow = p;
+    for (std::size_t p = 0; p + 1 < s.size(); ++p)
+      if (s[p] == '-' && s[p + 1] == '>' && arrows++ == 0) arrow = p;
     if (arrows == 0) return fail(einsum_error::no_arrow, 0, s.size());
     if (arrows > 1) return fail(einsum_error::two_arrows, 0, s.size());
     if (arrow == 0) return fail(einsum_error::no_inputs, 0, s.size());
@@ -152,7 +160,7 @@ consteval einsum_parse<Cap> parse_einsum_spec(std::string_view s) {
     for (std::size_t k = 0; k <= inputs; ++k) {
       const einsum_operand& op = r.operands[k];
       for (std::size_t p = op.subscripts.begin; p < op.subscripts.end; ++p)
-        if (einsum_range{op.subscripts.begin, p}.in(s).find(s[p]) != std::string_view::npos)
+        if (einsum_contains(einsum_range{op.subscripts.begin, p}.in(s), s[p]))
           return fail(k == inputs ? einsum_error::subscript_twice_in_output
                                   : einsum_error::subscript_twice_in_operand,
                       p, p + 1);
@@ -170,7 +178,7 @@ consteval einsum_parse<Cap> parse_einsum_spec(std::string_view s) {
     for (std::size_t p = out.subscripts.begin; p < out.subscripts.end; ++p) {
       bool found = false;
       for (std::size_t k = 0; k < inputs && !found; ++k)
-        found = r.operands[k].subscripts.in(s).find(s[p]) != std::string_view::npos;
+        found = einsum_contains(r.operands[k].subscripts.in(s), s[p]);
       if (!found) return fail(einsum_error::output_subscript_not_in_inputs, p, p + 1);
     }
     for (std::size_t a = out.first_name; a < out.first_name + out.name_count; ++a) {
