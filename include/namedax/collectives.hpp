@@ -417,20 +417,7 @@ struct pshuffle_fn {
     auto names = detail::names_only(detail::to_axis_list(axes));
     return detail::tree_map(x, [&](const auto& leaf) {
       return detail::collective_leaf<pshuffle_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
-        std::size_t total = 1;
-        for (const auto& a : ax) total *= a.size;
-        std::vector<bool> seen(perm.size(), false);
-        for (int p : perm) {
-          if (perm.size() != total || p < 0 || static_cast<std::size_t>(p) >= perm.size() || seen[static_cast<std::size_t>(p)])
-            detail::fail("namedax::pshuffle: ", detail::message(perm), " is not a permutation of 0..", total - 1,
-                         " for axis ", detail::describe_axes(ax), " of size ", total);
-          seen[static_cast<std::size_t>(p)] = true;
-        }
-        if (perm.size() != total)
-          detail::fail("namedax::pshuffle: ", detail::message(perm), " is not a permutation of 0..", total - 1,
-                       " for axis ", detail::describe_axes(ax), " of size ", total);
-        std::vector<std::pair<int, int>> pairs;
-        for (std::size_t i = 0; i < perm.size(); ++i) pairs.emplace_back(perm[i], static_cast<int>(i));
+        const auto pairs = detail::shuffle_pairs(name, ax, perm);
         return detail::ppermute_rule(name, std::move(in), rank, ax, pairs);
       });
     });

@@ -33,6 +33,26 @@ inline std::vector<long> senders(std::string_view verb, std::span<const named_ax
   return from;
 }
 
+/// pshuffle's permutation as ppermute's pairs (perm[i], i); it must permute 0..N-1.
+inline permutation_t shuffle_pairs(std::string_view verb, std::span<const named_axis> axes,
+                                   const std::vector<int>& perm) {
+  std::size_t total = 1;
+  for (const auto& a : axes) total *= a.size;
+  std::vector<bool> seen(total, false);
+  bool valid = perm.size() == total;
+  for (std::size_t i = 0; valid && i < perm.size(); ++i) {
+    const int p = perm[i];
+    valid = p >= 0 && static_cast<std::size_t>(p) < total && !seen[static_cast<std::size_t>(p)];
+    if (valid) seen[static_cast<std::size_t>(p)] = true;
+  }
+  if (!valid)
+    fail("namedax::", verb, ": ", message(perm), " is not a permutation of 0..", total - 1, " for axis ",
+         describe_axes(axes), " of size ", total);
+  permutation_t pairs;
+  for (std::size_t i = 0; i < perm.size(); ++i) pairs.emplace_back(perm[i], static_cast<int>(i));
+  return pairs;
+}
+
 template <class T>
 xt::xarray<T> ppermute_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
                             std::span<const named_axis> axes, const permutation_t& perm) {
