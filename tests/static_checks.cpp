@@ -72,9 +72,11 @@ int main() {
     static_assert(X::varying == 0b11);  // along i (outer) and j (inner)
     static_assert(decltype(namedax::psum(x, "i"_ax))::varying == 0b10);
     static_assert(decltype(namedax::pmean(x, namedax::axes("i"_ax, "j"_ax)))::varying == 0);
-    static_assert(decltype(namedax::pmax(x, "i"_ax, {}))::varying == 0b11);  // options: may differ per group
+    static_assert(decltype(namedax::pmax(x, "i"_ax, {}))::varying == 0b10);  // options without groups
+    static_assert(decltype(namedax::pmax(x, "i"_ax, {.axis_index_groups = {{0}}}))::varying == 0b11);  // groups: may differ
     static_assert(decltype(namedax::all_gather(x, "j"_ax))::varying == 0b01);
-    static_assert(decltype(namedax::all_gather(x, "j"_ax, {.axis = 1}))::varying == 0b11);
+    static_assert(decltype(namedax::all_gather(x, "j"_ax, {.axis = 1}))::varying == 0b01);
+    static_assert(decltype(namedax::all_gather(x, "j"_ax, {.axis_index_groups = {{0}}, .axis = 1}))::varying == 0b11);
     static_assert(decltype(namedax::psum_scatter(x, "i"_ax, {.tiled = true}))::varying == 0b11);
     static_assert(std::is_same_v<typename decltype(namedax::pmean(namedax::cast<int>(x), "i"_ax))::value_type, float>);
     static_assert(std::is_same_v<typename decltype(namedax::psum(x > 0.f, "j"_ax))::value_type, std::int32_t>);

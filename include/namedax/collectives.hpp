@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The public collectives: psum, pmean, pmax, pmin, all_gather, psum_scatter, all_to_all,
-// pswapaxes, ppermute, pshuffle, pargmax, pargmin, axis_index, axis_size, pdot and pgather.
+// pswapaxes, ppermute, pshuffle, pargmax, pargmin, axis_index, axis_size,
+// pvary, pbroadcast, pdot and pgather.
 // Each runs one rule (detail/) that serves both placements: vectorized axes are read in
 // place, device axes through the exchange among device threads.
 #pragma once
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <limits>
 #include <optional>
 #include <tuple>
@@ -145,6 +147,10 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
   }
 }
 
+/// What `{}` binds to in `psum(x, axes, {})`: options that cannot carry groups, so the
+/// result is known at compile time to be the same along the reduced axes.
+struct reduce_options_without_groups {};
+
 /// The shared body of psum, pmean, pmax and pmin.
 template <class Verb, reduction K>
 struct all_reduce_verb {
@@ -153,8 +159,17 @@ struct all_reduce_verb {
     auto list = to_axis_list(axes);
     return tree_map(x, [&](const auto& leaf) { return all_reduce_leaf<Verb, K, false>(leaf, list, std::nullopt); });
   }
+  /// `{}`: no groups, so the result does not vary along the axes (chosen over the overload
+  /// below, which is a template in its last parameter, whenever both fit).
   template <class X, AxisArgument A>
-  auto operator()(const X& x, const A& axes, const reduce_options& options) const {
+  auto operator()(const X& x, const A& axes, const reduce_options_without_groups&) const {
+    return (*this)(x, axes);
+  }
+  /// Options that name groups, or a reduce_options object: groups are runtime values, so
+  /// the result's type says it may vary along the axes.
+  template <class X, AxisArgument A, class Options = reduce_options>
+    requires std::same_as<Options, reduce_options>
+  auto operator()(const X& x, const A& axes, const Options& options) const {
     auto list = to_axis_list(axes);
     std::optional<groups_t> groups;
     if (!options.axis_index_groups.empty()) groups = options.axis_index_groups;
@@ -236,6 +251,15 @@ struct all_gather_options {
   bool tiled = false;                               ///< concatenate along `axis` instead of stacking
 };
 
+namespace detail {
+/// What `{.axis = 1, .tiled = true}` binds to in all_gather: options without groups, so the
+/// result is known at compile time to be the same along the gathered axes.
+struct all_gather_options_without_groups {
+  int axis = 0;
+  bool tiled = false;
+};
+}  // namespace detail
+
 /// Gathers the values of every index along the axes: `all_gather(x, "i"_ax)` stacks them in
 /// a new positional axis 0. With x = [0, 1, 2, 3] along "i": [0, 1, 2, 3] on every index.
 /// Several names gather row-major over them (beyond JAX).
@@ -246,9 +270,17 @@ struct all_gather_fn {
   auto operator()(const X& x, const A& axes) const {
     return gather<true>(x, axes, all_gather_options{});
   }
-  /// With options the result's type varies along the axes: groups may make it differ.
+  /// Options written without groups (`{.axis = 1}`, `{}`): the result is the same along the
+  /// axes, as without options (chosen over the overload below whenever both fit).
   template <class X, AxisArgument A>
-  auto operator()(const X& x, const A& axes, const all_gather_options& options) const {
+  auto operator()(const X& x, const A& axes, const detail::all_gather_options_without_groups& options) const {
+    return gather<true>(x, axes, all_gather_options{.axis = options.axis, .tiled = options.tiled});
+  }
+  /// Options that name groups, or an all_gather_options object: the result's type varies
+  /// along the axes, since groups (runtime values) may make it differ.
+  template <class X, AxisArgument A, class Options = all_gather_options>
+    requires std::same_as<Options, all_gather_options>
+  auto operator()(const X& x, const A& axes, const Options& options) const {
     return gather<false>(x, axes, options);
   }
 
@@ -486,6 +518,49 @@ struct axis_size_fn {
   }
 };
 inline constexpr axis_size_fn axis_size{};
+
+namespace detail {
+/// pvary on one leaf: the same payload, its type now varying along `Names` too. A vectorized
+/// axis the value did not vary along keeps its size-1 dimension: every rule reads such a
+/// dimension with stride 0, so each index sees the same data, which is what pvary means.
+template <class Verb, class X, class... Names>
+auto pvary_leaf(const X& x, type_list<Names...> names) {
+  if constexpr (DeferredValue<X>) {
+    auto later = [x, names]<class Env>(Env) { return pvary_leaf<Verb>(x.template resolve<Env>(), names); };
+    using awaited = typename type_list_cat<names_awaited_t<X>, type_list<Names...>>::type;
+    return typename deferred_from<decltype(later), awaited>::type{later};
+  } else {
+    static_assert(NamedValue<X>, "namedax::pvary: takes a mapped value (an argument of the function given to vmap "
+                                 "or pmap, or a value computed from one)");
+    using Env = typename X::env_type;
+    require_bound<Verb, Env, Names...>();
+    return make_named<typename X::payload_type, Env, X::varying | Env::template mask_of<Names...>()>(x.payload());
+  }
+}
+
+template <class Verb>
+struct pvary_verb {
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes) const {
+    auto names = names_only(to_axis_list(axes));
+    return tree_map(x, [&](const auto& leaf) { return pvary_leaf<Verb>(leaf, names); });
+  }
+};
+}  // namespace detail
+
+/// Marks a value as varying along the axes, without touching its data: on every index it
+/// holds what it held. A value that is the same along "i" (a psum, an unmapped argument)
+/// becomes one typed as varying along "i": `pvary(psum(x, "i"_ax), "i"_ax)`. It is the
+/// transpose of psum of a varying value, and psum is its transpose (see docs/adjoints.md).
+struct pvary_fn : detail::pvary_verb<pvary_fn> {
+  static constexpr std::string_view name = "pvary";
+};
+/// The same operation as pvary, under JAX's earlier name.
+struct pbroadcast_fn : detail::pvary_verb<pbroadcast_fn> {
+  static constexpr std::string_view name = "pbroadcast";
+};
+inline constexpr pvary_fn pvary{};
+inline constexpr pbroadcast_fn pbroadcast{};
 
 }  // namespace namedax
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The umbrella header: axis names, named values, vmap and pmap, and the collectives.
+// The umbrella header: axis names, named values, vmap and pmap, the collectives and their transposes.
 #pragma once
 
 #include <namedax/axis.hpp>
@@ -8,4 +8,5 @@
 #include <namedax/map.hpp>
 #include <namedax/named_array.hpp>
 #include <namedax/named_shape.hpp>
+#include <namedax/transpose.hpp>
 #include <namedax/xeinsum.hpp>

@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: MIT
+// What the transposes of the collectives share: the names of a mask, the sum that makes a
+// cotangent the same along names, the match of a result to its primal's type, the local
+// slice that transposes all_gather, and positional permutes, reshapes and contractions.
+#pragma once
+
+#include <namedax/collectives.hpp>
+#include <namedax/detail/all_gather.hpp>
+
+#include <bit>
+#include <numeric>
+
+namespace namedax::detail {
+
+template <class Env, std::size_t K>
+struct binding_at;
+template <class... Bs, std::size_t K>
+struct binding_at<env<Bs...>, K> {
+  using type = std::tuple_element_t<K, std::tuple<Bs...>>;
+};
+
+template <axis_mask M>
+constexpr auto set_bits() {
+  std::array<std::size_t, std::popcount(M)> bits{};
+  std::size_t n = 0;
+  for (std::size_t k = 0; k < 64; ++k)
+    if ((M >> k) & 1) bits[n++] = k;
+  return bits;
+}
+// A variable template, so that a lambda may read it in a constant expression without capture.
+template <axis_mask M>
+inline constexpr auto set_bits_v = set_bits<M>();
+
+/// The names of `Env` in mask `M`, outermost first, as an axis list.
+template <class Env, axis_mask M>
+constexpr auto axes_of_mask() {
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return axis_list<0, typename binding_at<Env, set_bits_v<M>[I]>::type::axis_type...>{};
+  }(std::make_index_sequence<std::popcount(M)>{});
+}
+
+/// The verb that unbound names in a transpose are reported under.
+struct transpose_verb {
+  static constexpr std::string_view name = "transpose";
+};
+
+template <class X>
+constexpr void require_named_cotangent() {
+  static_assert(NamedValue<X>, "namedax::transpose: the cotangent must be a mapped value (computed inside the "
+                               "function given to vmap or pmap)");
+}
+
+/// psum of `ct` over those of `Names` along which it varies: a value paired once with
+/// each index, as a cotangent of a result that is the same along `Names` must be.
+template <class... Names, class C>
+auto sum_along_varying(const C& ct, type_list<Names...>) {
+  require_named_cotangent<C>();
+  using Env = typename C::env_type;
+  require_bound<transpose_verb, Env, Names...>();
+  constexpr axis_mask m = Env::template mask_of<Names...>() & C::varying;
+  if constexpr (m == 0) return ct;
+  else return psum(ct, axes_of_mask<Env, m>());
+}
+
+/// Gives a transposed value `r` the variance of the primal `X`: a sum over the names `r`
+/// varies along and `X` does not (the transpose of the pvary that made `X` meet a varying
+/// value), then pvary along the names `X` varies along and `r` does not.
+template <class X, class R>
+auto match_variance(const R& r) {
+  require_named_cotangent<R>();
+  if constexpr (!NamedValue<X>) {
+    return r;
+  } else {
+    using Env = typename R::env_type;
+    constexpr axis_mask extra = R::varying & ~X::varying;
+    constexpr axis_mask missing = X::varying & ~R::varying;
+    auto summed = [&] {
+      if constexpr (extra == 0) return r;
+      else return psum(r, axes_of_mask<Env, extra>());
+    }();
+    if constexpr (missing == 0) return summed;
+    else return pvary(summed, axes_of_mask<Env, missing>());
+  }
+}
+
+/// The transpose of all_gather on a cotangent that is the same along the names: the rank at
+/// position p of its group takes chunk p (along `axis`) of its own value. Nothing is
+/// exchanged: the operand does not vary along the names. When the gathered value's type
+/// varies (`scaled`: all_gather with options), its cotangent pairs with every member of the
+/// group, so the chunk is multiplied by the group's size.
+template <class T>
+xt::xarray<T> own_chunk_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
+                             std::span<const named_axis> axes, const std::optional<groups_t>& groups, int axis,
+                             bool tiled, bool scaled) {
+  collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true,
+                            message(" at axis ", axis, tiled ? ", tiled" : ""));
+  const std::size_t g = frame.groups().members.front().size();
+  std::vector<std::size_t> positional(frame.in_shape().begin(),
+                                      frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
+  const std::size_t d = positional_axis(verb, "axis", axis, positional_rank, axes);
+  const std::size_t chunk = chunk_length(verb, "axis", axis, positional[d], g, tiled, axes, groups.has_value());
+  if (tiled) positional[d] = chunk;
+  else positional.erase(positional.begin() + static_cast<std::ptrdiff_t>(d));
+  auto out = xt::xarray<T>::from_shape(frame.output_shape(positional, true));
+  const auto out_strides = row_major_strides(out.shape());
+  frame.for_each_owned(true, [&](std::size_t rank) {
+    const std::size_t p = frame.groups().position_of[rank];
+    auto piece = tiled ? chunk_of(frame.member(rank), d, p, chunk) : drop_dim(frame.member(rank), d, p);
+    copy_strided(piece, out.data() + frame.vectorized_offset(rank, out_strides, positional.size()), out_strides);
+  });
+  frame.release();
+  if (scaled && g != 1)
+    for (auto& v : out) v = static_cast<T>(v * static_cast<T>(g));
+  return out;
+}
+
+/// A permutation of 0..rank-1 given as ints (negative counting from the end), or an error.
+inline std::vector<std::size_t> checked_permutation(std::string_view verb, const std::vector<int>& perm,
+                                                    std::size_t rank) {
+  if (perm.size() != rank)
+    fail("namedax::", verb, ": the permutation ", perm, " must have one entry per positional dimension (", rank, ")");
+  std::vector<std::size_t> out;
+  std::vector<bool> seen(rank, false);
+  for (int p : perm) {
+    const int d = p < 0 ? p + static_cast<int>(rank) : p;
+    if (d < 0 || d >= static_cast<int>(rank) || seen[static_cast<std::size_t>(d)])
+      fail("namedax::", verb, ": ", perm, " is not a permutation of the ", rank, " positional dimensions");
+    seen[static_cast<std::size_t>(d)] = true;
+    out.push_back(static_cast<std::size_t>(d));
+  }
+  return out;
+}
+
+/// Positional dim k of the result is dim perm[k] of x (numpy.transpose); named axes stay.
+template <class X>
+auto permute_positional(std::string_view verb, const X& x, const std::vector<int>& perm) {
+  require_named_cotangent<X>();
+  using T = typename X::value_type;
+  using Env = typename X::env_type;
+  xt::xarray<T> storage;
+  strided_block<T> b = block_in_memory<T>(x.payload(), storage);
+  const std::size_t rank = b.shape.size() - Env::vectorized_count;
+  const auto p = checked_permutation(verb, perm, rank);
+  strided_block<T> view{b.data, {}, {}};
+  for (std::size_t k = 0; k < b.shape.size(); ++k) {
+    const std::size_t from = k < rank ? p[k] : k;
+    view.shape.push_back(b.shape[from]), view.strides.push_back(b.strides[from]);
+  }
+  auto out = xt::xarray<T>::from_shape(view.shape);
+  copy_strided(view, out.data());
+  return make_named<shared_array<T>, Env, X::varying>(xt::make_xshared(std::move(out)));
+}
+
+inline std::vector<int> inverse_permutation(const std::vector<std::size_t>& p) {
+  std::vector<int> inv(p.size());
+  for (std::size_t k = 0; k < p.size(); ++k) inv[p[k]] = static_cast<int>(k);
+  return inv;
+}
+
+/// x with positional shape `shape` (row-major order of elements, as numpy.reshape).
+template <class X>
+auto reshape_positional(std::string_view verb, const X& x, const std::vector<std::size_t>& shape) {
+  require_named_cotangent<X>();
+  using T = typename X::value_type;
+  using Env = typename X::env_type;
+  xt::xarray<T> a = evaluate(x.payload());
+  const std::size_t rank = a.dimension() - Env::vectorized_count;
+  std::size_t from = 1, to = 1;
+  for (std::size_t k = 0; k < rank; ++k) from *= a.shape()[k];
+  for (auto s : shape) to *= s;
+  if (from != to)
+    fail("namedax::", verb, ": cannot reshape positional shape ", x.shape(), " (", from, " elements) to ", shape,
+         " (", to, " elements)");
+  std::vector<std::size_t> full = shape;
+  full.insert(full.end(), a.shape().begin() + static_cast<std::ptrdiff_t>(rank), a.shape().end());
+  a.reshape(full);
+  return make_named<shared_array<T>, Env, X::varying>(xt::make_xshared(std::move(a)));
+}
+
+/// The transpose of a sum over positional `dims` of a value of positional shape `shape`:
+/// `ct` repeated along those dims.
+template <class C>
+auto broadcast_positional(const C& ct, const std::vector<std::size_t>& dims, const std::vector<std::size_t>& shape) {
+  require_named_cotangent<C>();
+  using T = typename C::value_type;
+  using Env = typename C::env_type;
+  xt::xarray<T> storage;
+  strided_block<T> b = block_in_memory<T>(ct.payload(), storage);
+  strided_block<T> view{b.data, {}, {}};
+  std::size_t next = 0;
+  for (std::size_t k = 0; k < shape.size(); ++k) {
+    view.shape.push_back(shape[k]);
+    if (std::find(dims.begin(), dims.end(), k) != dims.end()) view.strides.push_back(0);
+    else view.strides.push_back(b.strides[next++]);
+  }
+  for (; next < b.shape.size(); ++next) view.shape.push_back(b.shape[next]), view.strides.push_back(b.strides[next]);
+  auto out = xt::xarray<T>::from_shape(view.shape);
+  copy_strided(view, out.data());
+  return make_named<shared_array<T>, Env, C::varying>(xt::make_xshared(std::move(out)));
+}
+
+/// The positional rank of a named value or an xtensor expression.
+template <class X>
+std::size_t positional_rank_of(const X& x) {
+  if constexpr (NamedValue<X>) return x.dimension();
+  else return x.dimension();
+}
+
+/// dot_general of two operands with named axes, summing over no name (pdot's local product).
+template <class A, class B>
+auto local_dot(std::string_view verb, const A& a, const B& b, const dimension_pairs& contract,
+               const dimension_pairs& batch) {
+  using Env = typename merged_env<env<>, A, B>::type;
+  using TA = value_type_of_t<A>;
+  using TB = value_type_of_t<B>;
+  using R = std::common_type_t<TA, TB>;
+  auto pa = payload_in<Env>(a);
+  auto pb = payload_in<Env>(b);
+  xt::xarray<TA> a_storage;
+  xt::xarray<TB> b_storage;
+  auto ba = block_in_memory<TA>(pa, a_storage);
+  auto bb = block_in_memory<TB>(pb, b_storage);
+  auto local = dot_general<R>(verb, ba, ba.shape.size() - Env::vectorized_count, bb,
+                              bb.shape.size() - Env::vectorized_count, contract, batch);
+  return make_named<shared_array<R>, Env, mask_of<A>() | mask_of<B>()>(xt::make_xshared(std::move(local)));
+}
+
+inline std::vector<std::size_t> canonical_dims(std::string_view verb, const std::vector<int>& dims, std::size_t rank,
+                                               const char* which) {
+  std::vector<std::size_t> out;
+  for (int d : dims) {
+    const int c = d < 0 ? d + static_cast<int>(rank) : d;
+    if (c < 0 || c >= static_cast<int>(rank))
+      fail("namedax::", verb, ": dimension ", d, " of ", which, " is out of range for positional rank ", rank);
+    out.push_back(static_cast<std::size_t>(c));
+  }
+  return out;
+}
+
+/// The transpose of u -> dot_general(u, v) (or, with `u_is_rhs`, of u -> dot_general(v, u))
+/// applied to `ct`, whose dims are (batch, lhs free, rhs free): a contraction of ct with v
+/// over v's free dims, batched over the batch dims, permuted back into u's dim order.
+template <class C, class V>
+auto dot_transpose(std::string_view verb, const C& ct, const V& v, std::size_t u_rank, const dimension_pairs& contract,
+                   const dimension_pairs& batch, bool u_is_rhs) {
+  const std::size_t v_rank = positional_rank_of(v);
+  const auto& u_contract_in = u_is_rhs ? contract.second : contract.first;
+  const auto& v_contract_in = u_is_rhs ? contract.first : contract.second;
+  const auto& u_batch_in = u_is_rhs ? batch.second : batch.first;
+  const auto& v_batch_in = u_is_rhs ? batch.first : batch.second;
+  const auto uc = canonical_dims(verb, u_contract_in, u_rank, u_is_rhs ? "y" : "x");
+  const auto vc = canonical_dims(verb, v_contract_in, v_rank, u_is_rhs ? "x" : "y");
+  const auto ub = canonical_dims(verb, u_batch_in, u_rank, u_is_rhs ? "y" : "x");
+  const auto vb = canonical_dims(verb, v_batch_in, v_rank, u_is_rhs ? "x" : "y");
+  auto free_dims = [](std::size_t rank, const std::vector<std::size_t>& c, const std::vector<std::size_t>& b) {
+    std::vector<std::size_t> f;
+    for (std::size_t d = 0; d < rank; ++d)
+      if (std::find(c.begin(), c.end(), d) == c.end() && std::find(b.begin(), b.end(), d) == b.end()) f.push_back(d);
+    return f;
+  };
+  const auto uf = free_dims(u_rank, uc, ub), vf = free_dims(v_rank, vc, vb);
+  const std::size_t nb = ub.size();
+  // ct's dims: batch, then the lhs's free dims, then the rhs's.
+  const std::size_t v_free_start = u_is_rhs ? nb : nb + uf.size();
+  const std::size_t u_free_start = u_is_rhs ? nb + vf.size() : nb;
+  dimension_pairs ct_contract, ct_batch;
+  for (std::size_t k = 0; k < vf.size(); ++k)
+    ct_contract.first.push_back(static_cast<int>(nb + uf.size() + k)), ct_contract.second.push_back(static_cast<int>(vf[k]));
+  for (std::size_t k = 0; k < nb; ++k)
+    ct_batch.first.push_back(static_cast<int>(k)), ct_batch.second.push_back(static_cast<int>(vb[k]));
+  // ct's free dims are u's (in order) when u is the lhs; when u is the rhs they come after
+  // v's, so move them to the front.
+  std::vector<int> order;
+  for (std::size_t k = 0; k < nb; ++k) order.push_back(static_cast<int>(k));
+  for (std::size_t k = 0; k < uf.size(); ++k) order.push_back(static_cast<int>(u_free_start + k));
+  for (std::size_t k = 0; k < vf.size(); ++k) order.push_back(static_cast<int>(v_free_start + k));
+  auto ct_ordered = permute_positional(verb, ct, order);
+  // The product's dims: batch, u's free dims, then v's remaining dims, which are the ones
+  // contracted with u, in v's order.
+  auto product = local_dot(verb, ct_ordered, v, ct_contract, ct_batch);
+  std::vector<std::size_t> v_contracted_sorted = vc;
+  std::sort(v_contracted_sorted.begin(), v_contracted_sorted.end());
+  std::vector<int> perm(u_rank);
+  for (std::size_t k = 0; k < nb; ++k) perm[ub[k]] = static_cast<int>(k);
+  for (std::size_t k = 0; k < uf.size(); ++k) perm[uf[k]] = static_cast<int>(nb + k);
+  for (std::size_t k = 0; k < uc.size(); ++k) {
+    const auto at = std::find(v_contracted_sorted.begin(), v_contracted_sorted.end(), vc[k]) - v_contracted_sorted.begin();
+    perm[uc[k]] = static_cast<int>(nb + uf.size() + static_cast<std::size_t>(at));
+  }
+  return permute_positional(verb, product, perm);
+}
+
+}  // namespace namedax::detail
