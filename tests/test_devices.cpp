@@ -4,10 +4,144 @@
 #include "test_support.hpp"
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <stdexcept>
 #include <thread>
+#include <variant>
 
 using namespace namedax::literals;
+
+namespace {
+
+/// A small, strict JSON reader: enough to prove a trace file is JSON and to look inside it.
+struct json {
+  using array = std::vector<json>;
+  using object = std::map<std::string, json>;
+  std::variant<std::nullptr_t, bool, double, std::string, array, object> value;
+
+  const json& operator[](const std::string& key) const { return std::get<object>(value).at(key); }
+  const array& items() const { return std::get<array>(value); }
+  const std::string& text() const { return std::get<std::string>(value); }
+  double number() const { return std::get<double>(value); }
+  bool has(const std::string& key) const { return std::get<object>(value).count(key) > 0; }
+
+  static json parse(std::string_view in) {
+    std::size_t at = 0;
+    json v = read(in, at);
+    skip(in, at);
+    if (at != in.size()) throw std::runtime_error("text after the JSON value");
+    return v;
+  }
+
+ private:
+  static void skip(std::string_view in, std::size_t& at) {
+    while (at < in.size() && (in[at] == ' ' || in[at] == '\n' || in[at] == '\t' || in[at] == '\r')) ++at;
+  }
+  static void expect(std::string_view in, std::size_t& at, std::string_view word) {
+    if (in.substr(at, word.size()) != word) throw std::runtime_error("bad JSON at " + std::to_string(at));
+    at += word.size();
+  }
+  static std::string read_string(std::string_view in, std::size_t& at) {
+    expect(in, at, "\"");
+    std::string out;
+    while (at < in.size() && in[at] != '"') {
+      if (static_cast<unsigned char>(in[at]) < 0x20) throw std::runtime_error("control character in a JSON string");
+      if (in[at] == '\\') {
+        ++at;
+        if (at >= in.size()) break;
+        if (in[at] == 'u') out += '?', at += 4;
+        else out += in[at] == 'n' ? '\n' : in[at];
+      } else {
+        out += in[at];
+      }
+      ++at;
+    }
+    expect(in, at, "\"");
+    return out;
+  }
+  static json read(std::string_view in, std::size_t& at) {
+    skip(in, at);
+    if (at >= in.size()) throw std::runtime_error("JSON ends early");
+    const char c = in[at];
+    if (c == '{') {
+      object o;
+      ++at, skip(in, at);
+      if (in[at] == '}') return ++at, json{o};
+      for (;;) {
+        skip(in, at);
+        std::string key = read_string(in, at);
+        skip(in, at), expect(in, at, ":");
+        o.emplace(std::move(key), read(in, at));
+        skip(in, at);
+        if (in[at] == '}') return ++at, json{o};
+        expect(in, at, ",");
+      }
+    }
+    if (c == '[') {
+      array a;
+      ++at, skip(in, at);
+      if (in[at] == ']') return ++at, json{a};
+      for (;;) {
+        a.push_back(read(in, at));
+        skip(in, at);
+        if (in[at] == ']') return ++at, json{a};
+        expect(in, at, ",");
+      }
+    }
+    if (c == '"') return json{read_string(in, at)};
+    if (in.substr(at, 4) == "true") return at += 4, json{true};
+    if (in.substr(at, 5) == "false") return at += 5, json{false};
+    if (in.substr(at, 4) == "null") return at += 4, json{nullptr};
+    std::size_t end = at;
+    while (end < in.size() && std::string_view("+-0123456789.eE").find(in[end]) != std::string_view::npos) ++end;
+    if (end == at) throw std::runtime_error("bad JSON value at " + std::to_string(at));
+    double v = std::stod(std::string(in.substr(at, end - at)));
+    at = end;
+    return json{v};
+  }
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+}
+
+/// Checks a Chrome trace: one named track per device, and `per_device` collectives on each,
+/// numbered 0, 1, ... in order; returns the collective names of the first track.
+std::vector<std::string> check_trace(const json& trace, std::size_t devices, std::size_t per_device) {
+  std::map<double, std::string> tracks;
+  std::map<double, std::vector<const json*>> events;
+  for (const json& e : trace["traceEvents"].items()) {
+    if (e["ph"].text() == "M") {
+      CHECK(e["name"].text() == "thread_name");
+      tracks[e["tid"].number()] = e["args"]["name"].text();
+    } else {
+      CHECK(e["ph"].text() == "X");
+      CHECK(e["dur"].number() >= e["args"]["wait_us"].number());
+      CHECK(e["args"].has("axes"));
+      CHECK(e["args"].has("shape"));
+      CHECK(e["args"].has("dtype"));
+      events[e["tid"].number()].push_back(&e);
+    }
+  }
+  CHECK(tracks.size() == devices);
+  CHECK(events.size() == devices);
+  std::vector<std::string> names;
+  for (const auto& [tid, list] : events) {
+    CHECK(tracks.count(tid) == 1);
+    CHECK(list.size() == per_device);
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      CHECK((*list[k])["args"]["sequence"].number() == static_cast<double>(k));
+      if (tid == events.begin()->first) names.push_back((*list[k])["name"].text());
+    }
+  }
+  return names;
+}
+
+}  // namespace
 
 TEST_SUITE("devices") {
   TEST_CASE("16, 32 and 64 devices on this machine complete psum") {
@@ -20,6 +154,19 @@ TEST_SUITE("devices") {
       xt::xarray<double> column_sums = xt::sum(x, {0});
       CHECK(p(n - 1, 2) == column_sums(2));
     }
+  }
+
+  TEST_CASE("64 devices on this machine complete all_gather and all_to_all") {
+    xt::xarray<int> x = xt::arange<int>(64 * 64).reshape({64, 64});
+    auto gather = [](auto x) { return namedax::all_gather(x, "i"_ax, {.tiled = true}); };
+    auto swap = [](auto x) { return namedax::all_to_all(x, "i"_ax, 0, 0); };
+    auto gathered = namedax::pmap<"i">(gather)(x);
+    CHECK_BITWISE(gathered, namedax::vmap<"i">(gather)(x));
+    CHECK(gathered.shape() == std::vector<std::size_t>{64, 64 * 64});
+    CHECK(gathered(63, 64 * 64 - 1) == 64 * 64 - 1);
+    auto swapped = namedax::pmap<"i">(swap)(x);
+    CHECK_BITWISE(swapped, namedax::vmap<"i">(swap)(x));
+    CHECK_BITWISE(swapped, xt::xarray<int>(xt::transpose(x)));
   }
 
   TEST_CASE("many collectives in a row keep devices in step") {
@@ -46,6 +193,35 @@ TEST_SUITE("devices") {
         return t;
       };
       CHECK_THROWS_WITH_AS(namedax::pmap<"i">(f)(x), doctest::Contains("device three failed"), std::runtime_error);
+      CHECK_THROWS_WITH_AS(namedax::pmap<"i">(f)(x), doctest::Contains("(thrown on device i=3)"), std::runtime_error);
+    }
+  }
+
+  TEST_CASE("the first exception, thrown deep in nested pmaps, is the one rethrown, with its device") {
+    xt::xarray<float> x = xt::zeros<float>({2, 3});
+    auto f = [](auto x) {
+      if (namedax::axis_index("i"_ax) == 1 && namedax::axis_index("j"_ax) == 2) throw std::invalid_argument("bad shard");
+      return namedax::eval(x + namedax::psum(x, "i"_ax) + namedax::psum(x, "j"_ax));
+    };
+    for (int repeat = 0; repeat < 5; ++repeat)
+      CHECK_THROWS_WITH_AS(namedax::pmap<"i">(namedax::pmap<"j">(f))(x),
+                           doctest::Contains("bad shard (thrown on device i=1,j=2)"), std::invalid_argument);
+  }
+
+  TEST_CASE("an exception of the user's own type is rethrown as that type") {
+    struct shard_error {
+      int device;
+    };
+    xt::xarray<float> x = xt::arange<float>(4);
+    auto f = [](auto x) {
+      if (namedax::axis_index("i"_ax) == 2) throw shard_error{2};
+      return namedax::psum(x, "i"_ax);
+    };
+    try {
+      namedax::pmap<"i">(f)(x);
+      FAIL("no exception");
+    } catch (const shard_error& e) {
+      CHECK(e.device == 2);
     }
   }
 
@@ -64,7 +240,41 @@ TEST_SUITE("devices") {
       CHECK(what.find("psum over ('i',)") != std::string::npos);
       CHECK(what.find("pmax over ('i',)") != std::string::npos);
       CHECK(what.find("device i=2") != std::string::npos);
+      // and what every device did last
+      CHECK(what.find("last collectives each device entered:") != std::string::npos);
+      CHECK(what.find("device i=2: #0 pmax over ('i',)") != std::string::npos);
+      CHECK(what.find("device i=0: #0 psum over ('i',)") != std::string::npos);
     }
+  }
+
+  TEST_CASE("devices that differ in dtype, axes or parameters of the same collective get an error") {
+    xt::xarray<float> x = xt::arange<float>(8).reshape({4, 2});
+    auto expect = [&](auto f, const char* mine, const char* theirs) {
+      const std::string what = namedax_test::error_of([&] { namedax::pmap<"i">(f)(x); });
+      CHECK_MESSAGE(what.find("different collective calls") != std::string::npos, what);
+      CHECK_MESSAGE(what.find(mine) != std::string::npos, what);
+      CHECK_MESSAGE(what.find(theirs) != std::string::npos, what);
+    };
+    auto dtype = [](auto x) {
+      if (namedax::axis_index("i"_ax) == 1) return namedax::eval(namedax::cast<float>(namedax::psum(namedax::cast<double>(x), "i"_ax)));
+      return namedax::eval(namedax::psum(x, "i"_ax));
+    };
+    expect(dtype, "type float64", "type float32");
+    auto axis = [](auto x) {
+      if (namedax::axis_index("i"_ax) == 0) return namedax::eval(namedax::all_gather(x, "i"_ax, {.axis = 1}));
+      return namedax::eval(namedax::all_gather(x, "i"_ax, {.axis = 0}));
+    };
+    expect(axis, "all_gather over ('i',) at axis 1", "all_gather over ('i',) at axis 0");
+    auto pairs = [](auto x) {
+      if (namedax::axis_index("i"_ax) == 2) return namedax::eval(namedax::ppermute(x, "i"_ax, {{0, 1}, {1, 0}}));
+      return namedax::eval(namedax::ppermute(x, "i"_ax, {{0, 1}, {1, 2}, {2, 3}, {3, 0}}));
+    };
+    expect(pairs, "with pairs ((0, 1), (1, 0))", "with pairs ((0, 1), (1, 2), (2, 3), (3, 0))");
+    auto groups = [](auto x) {
+      if (namedax::axis_index("i"_ax) == 3) return namedax::eval(namedax::psum(x, "i"_ax, {.axis_index_groups = {{0, 1}, {2, 3}}}));
+      return namedax::eval(namedax::psum(x, "i"_ax, {.axis_index_groups = {{0, 2}, {1, 3}}}));
+    };
+    expect(groups, "with groups ((0, 1), (2, 3))", "with groups ((0, 2), (1, 3))");
   }
 
   TEST_CASE("devices that call the same collective with different shapes get an error") {
@@ -131,5 +341,55 @@ TEST_SUITE("devices") {
     CHECK_THROWS_AS(namedax::pmap<"i">(bad)(x), std::runtime_error);
     auto good = [](auto x) { return namedax::psum(x, "i"_ax); };
     CHECK_BITWISE(namedax::pmap<"i">(good)(x), (xt::xarray<int>{6, 6, 6, 6}));
+  }
+}
+
+TEST_SUITE("tracing") {
+  TEST_CASE("a trace has one track per device and one event per collective, and parses as JSON") {
+    xt::xarray<float> x = xt::arange<float>(2 * 3 * 4).reshape({2, 3, 4});
+    auto f = [](auto x) {
+      auto s = namedax::psum(x, "i"_ax);
+      auto g = namedax::all_gather(x, namedax::axes("i"_ax, "j"_ax), {.tiled = true});
+      return std::tuple{namedax::eval(s), namedax::eval(g), namedax::eval(namedax::ppermute(x, "j"_ax, {{0, 1}, {1, 2}, {2, 0}}))};
+    };
+    namedax::start_tracing();
+    namedax::pmap<"i">(namedax::pmap<"j">(f))(x);
+    const auto events = namedax::stop_tracing();
+    REQUIRE(events.size() == 6 * 3);
+    CHECK(events.front().device == "i=0,j=0");
+    CHECK(events.front().op == "psum");
+    CHECK(events.front().axes == "('i',)");
+    CHECK(events.front().shape == "(4,)");
+    CHECK(events.front().dtype == "float32");
+    CHECK(events[1].parameters == " at axis 0, tiled");
+    CHECK(events.back().device == "i=1,j=2");
+
+    const std::string path = "namedax_trace_test.json";
+    namedax::write_chrome_trace(path, events);
+    const json trace = json::parse(read_file(path));
+    std::remove(path.c_str());
+    CHECK(check_trace(trace, 6, 3) == std::vector<std::string>{"psum", "all_gather", "ppermute"});
+
+    // Recording is off again: nothing more is kept.
+    namedax::pmap<"i">(namedax::pmap<"j">(f))(x);
+    namedax::start_tracing();
+    CHECK(namedax::stop_tracing().empty());
+  }
+
+  TEST_CASE("NAMEDAX_TRACE records every pmap and writes the file" * doctest::skip()) {
+    const char* path = std::getenv("NAMEDAX_TRACE");
+    REQUIRE_MESSAGE(path != nullptr, "run this test with NAMEDAX_TRACE set (CTest does)");
+    xt::xarray<int> x = xt::arange<int>(8);
+    auto f = [](auto x) { return namedax::pmax(namedax::psum(x, "i"_ax) + x, "i"_ax); };
+    namedax::pmap<"i">(f)(x);
+    const json trace = json::parse(read_file(path));
+    CHECK(check_trace(trace, 8, 2) == std::vector<std::string>{"psum", "pmax"});
+  }
+
+  TEST_CASE("the JSON writer escapes what it must") {
+    namedax::trace_event e{"i=0", "psum", "('a\"b',)", "", "(2,)", "float32", 0, 1.5, 0.25, 2.0};
+    const json trace = json::parse(namedax::chrome_trace_json(std::vector{e}));
+    CHECK(trace["traceEvents"].items()[1]["args"]["axes"].text() == "('a\"b',)");
+    CHECK(trace["traceEvents"].items()[1]["ts"].number() == 1.5);
   }
 }

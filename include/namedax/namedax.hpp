@@ -9,4 +9,5 @@
 #include <namedax/named_array.hpp>
 #include <namedax/named_shape.hpp>
 #include <namedax/transpose.hpp>
+#include <namedax/trace.hpp>
 #include <namedax/xeinsum.hpp>

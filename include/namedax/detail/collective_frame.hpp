@@ -121,11 +121,10 @@ class collective_frame {
       in_.data = contiguous_.data();
       in_.strides = row_major_strides(in_.shape);
     }
-    const std::string what = message("namedax::", verb, " over ", describe_axes(axes_));
-    std::string signature = message(verb, " over ", describe_axes(axes_), options,
-                                    groups ? message(" with groups ", *groups) : std::string(), " of payload shape ",
-                                    in_.shape, " and type ", dtype_name<T>());
-    exchange_.emplace(join(exchanged), in_.data, signature, what);
+    collective_call call{verb, describe_axes(axes_),
+                         message(options, groups ? message(" with groups ", *groups) : std::string()),
+                         message(in_.shape), dtype_name<T>()};
+    exchange_.emplace(join(exchanged), in_.data, std::move(call));
   }
 
   [[nodiscard]] std::size_t total() const { return total_; }

@@ -12,9 +12,41 @@
 #include <chrono>
 #include <exception>
 #include <latch>
+#include <stdexcept>
+#include <type_traits>
+#include <typeinfo>
 #include <thread>
 
+// ThreadSanitizer cannot see oneTBB's (uninstrumented) hand-off of a task to a worker, so it
+// would report the launch as a race: under TSan every device gets a std::thread of its own.
+#if defined(__SANITIZE_THREAD__)
+#define NAMEDAX_DEVICES_ON_STD_THREADS 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define NAMEDAX_DEVICES_ON_STD_THREADS 1
+#endif
+#endif
+
 namespace namedax::detail {
+
+/// Rethrows a device's exception. One of the standard exception types (exactly, not a class
+/// derived from it) is rethrown as the same type with the device and the last collectives
+/// each device entered appended to its message; any other type is rethrown unchanged.
+[[noreturn]] inline void rethrow_from_device(std::exception_ptr error, const std::string& note) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    auto same = [&]<class E>(std::type_identity<E>) {
+      if (typeid(e) == typeid(E)) throw E(e.what() + note);
+    };
+    same(std::type_identity<std::runtime_error>{}), same(std::type_identity<std::logic_error>{});
+    same(std::type_identity<std::invalid_argument>{}), same(std::type_identity<std::out_of_range>{});
+    same(std::type_identity<std::domain_error>{}), same(std::type_identity<std::length_error>{});
+    same(std::type_identity<std::range_error>{}), same(std::type_identity<std::overflow_error>{});
+    same(std::type_identity<std::underflow_error>{});
+    throw;
+  }
+}
 
 inline tbb::task_arena& device_arena() {
   // TBB caps concurrency at the core count unless both the arena and the global limit allow
@@ -25,7 +57,7 @@ inline tbb::task_arena& device_arena() {
 }
 
 /// Runs `body(d)` for d in [0, n) concurrently, each on a thread whose frame stack is the
-/// caller's plus the device frame of `name`. Rethrows the first exception a device threw.
+/// caller's plus the device frame of `name`. Rethrows the first exception any device threw.
 template <class Body>
 void run_devices(std::string_view name, std::size_t n, Body&& body) {
   std::vector<frame> parent = frames();
@@ -41,7 +73,7 @@ void run_devices(std::string_view name, std::size_t n, Body&& body) {
     std::unique_ptr<std::atomic<bool>[]> claimed;
     std::latch done;
     std::size_t remaining;
-    std::exception_ptr first_error;
+    bool failed = false;
     std::mutex start_lock;
     std::condition_variable started_all;
     std::size_t started = 0;
@@ -85,7 +117,10 @@ void run_devices(std::string_view name, std::size_t n, Body&& body) {
         } catch (...) {
         }
         std::lock_guard guard(shared->lock);
-        if (!state->first_error) state->first_error = std::current_exception();
+        state->failed = true;
+        if (!shared->first_error)
+          shared->first_error = std::current_exception(),
+          shared->error_note = message(" (thrown on device ", record->path, ")", shared->recent_collectives());
         record->now = device_record::state::failed;
         shared->poison(message("device ", record->path, " threw: ", what));
       }
@@ -101,6 +136,7 @@ void run_devices(std::string_view name, std::size_t n, Body&& body) {
     state->done.count_down();
   };
 
+#ifndef NAMEDAX_DEVICES_ON_STD_THREADS
   auto& arena = device_arena();
   for (std::size_t d = 0; d < n; ++d) arena.enqueue([run, d] { run(d); });
 
@@ -109,12 +145,17 @@ void run_devices(std::string_view name, std::size_t n, Body&& body) {
     std::unique_lock guard(state->start_lock);
     state->started_all.wait_for(guard, std::chrono::milliseconds(20), [&] { return state->started == n; });
   }
+#endif
   std::vector<std::thread> fallback;
   for (std::size_t d = 0; d < n; ++d)
     if (!state->claimed[d].load()) fallback.emplace_back(run, d);
   state->done.wait();
   for (auto& t : fallback) t.join();
-  if (state->first_error) std::rethrow_exception(state->first_error);
+  if (!parent_record && tracing()) flush_trace_file();
+  if (!state->failed) return;
+  // The first exception of any device, however deeply nested; the outermost pmap says where.
+  if (parent_record) std::rethrow_exception(shared->first_error);
+  rethrow_from_device(shared->first_error, shared->error_note);
 }
 
 }  // namespace namedax::detail

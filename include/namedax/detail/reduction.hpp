@@ -73,7 +73,10 @@ std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, 
   // With groups the results differ per group, so the reduced vectorized dims stay whole.
   const bool varies = groups.has_value();
   auto out = xt::xarray<T>::from_shape(frame.output_shape(positional, varies));
-  auto divisor = xt::xarray<float>::from_shape(frame.output_shape(std::vector<std::size_t>(positional_rank, 1), varies));
+  // The divisor depends on the caller's group only: size 1 along every other dimension.
+  auto divisor = xt::xarray<float>::from_shape(
+      with_axis_dims(std::vector<std::size_t>(frame.in_shape().size(), 1), positional_rank, axes,
+                     [varies](const named_axis& a) { return varies ? a.size : std::size_t{1}; }));
   const auto out_strides = row_major_strides(out.shape());
   const auto divisor_strides = row_major_strides(divisor.shape());
   std::vector<const T*> members;

@@ -94,7 +94,7 @@ inline void arrive_and_wait(const membership& m, const std::string* signature, s
   };
   if (w.poisoned) abort(w.reason);
   const std::uint64_t gen = c.generation;
-  if (signature) c.signatures[m.rank] = *signature;
+  if (signature) c.signatures[m.rank] = *signature, me->enter(*signature);
   c.arrived_in[m.rank] = gen + 1;
   if (++c.arrived == c.size) {
     if (signature)
@@ -102,7 +102,8 @@ inline void arrive_and_wait(const membership& m, const std::string* signature, s
         if (c.signatures[r] != c.signatures[0]) {
           c.failure = message("devices made different collective calls at the same point: device ", c.member_paths[0],
                               " called ", c.signatures[0], ", device ", c.member_paths[r], " called ",
-                              c.signatures[r], "; every device must make the same collective calls in the same order");
+                              c.signatures[r], "; every device must make the same collective calls in the same order",
+                              w.recent_collectives());
           c.failed_generation = gen;
           break;
         }
@@ -147,6 +148,7 @@ inline void arrive_and_wait(const membership& m, const std::string* signature, s
     me->waiting_in.clear();
     if (c.generation == gen) --w.waiting;  // leaving without completing: not released by another
     if (trouble) {
+      *trouble += w.recent_collectives();
       w.poison(*trouble);
       abort(*trouble);
     }
@@ -155,26 +157,50 @@ inline void arrive_and_wait(const membership& m, const std::string* signature, s
   if (c.failed_generation == gen) throw collective_error(message(what, ": ", c.failure));
 }
 
+/// A collective call as the devices compare it and the trace records it.
+struct collective_call {
+  std::string_view op;
+  std::string axes, parameters, shape;
+  std::string_view dtype;
+
+  [[nodiscard]] std::string signature() const {
+    return message(op, " over ", axes, parameters, " of payload shape ", shape, " and type ", dtype);
+  }
+};
+
 /// One exchange of pointers: every member offers its buffer, reads the others' after
 /// `exchange`, and calls `release` once it no longer reads them.
 class pointer_exchange {
  public:
-  pointer_exchange(membership m, const void* mine, const std::string& signature, std::string what)
-      : m_(std::move(m)), what_(std::move(what)) {
+  pointer_exchange(membership m, const void* mine, collective_call call)
+      : m_(std::move(m)), call_(std::move(call)), what_(message("namedax::", call_.op, " over ", call_.axes)) {
+    if (tracing()) arrival_us_ = trace_clock_us();
     {
       std::lock_guard guard(m_.shared->lock);
       m_.comm->slots[m_.rank] = mine;
     }
+    const std::string signature = call_.signature();
     arrive_and_wait(m_, &signature, what_);
+    if (arrival_us_ >= 0) wait_us_ = trace_clock_us() - arrival_us_;
   }
   [[nodiscard]] const void* slot(std::size_t rank) const { return m_.comm->slots[rank]; }
   [[nodiscard]] std::size_t rank() const { return m_.rank; }
   [[nodiscard]] std::size_t size() const { return m_.comm->size; }
-  void release() { arrive_and_wait(m_, nullptr, what_); }
+  void release() {
+    arrive_and_wait(m_, nullptr, what_);
+    if (arrival_us_ >= 0) {
+      const auto& me = *current_device();
+      record(trace_event{me.path, std::string(call_.op), std::move(call_.axes), std::move(call_.parameters),
+                         std::move(call_.shape), std::string(call_.dtype), me.entered - 1, arrival_us_, wait_us_,
+                         trace_clock_us() - arrival_us_});
+    }
+  }
 
  private:
   membership m_;
+  collective_call call_;
   std::string what_;
+  double arrival_us_ = -1, wait_us_ = 0;  // arrival_us_ < 0: not traced
 };
 
 }  // namespace namedax::detail

@@ -5,10 +5,15 @@
 
 #include <namedax/error.hpp>
 #include <namedax/named_shape.hpp>
+#include <namedax/trace.hpp>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <cstdint>
 #include <condition_variable>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +31,14 @@ struct device_record {
   std::string path;  // "i=0,j=2": the device coordinates along every device axis
   state now = state::running;
   std::string waiting_in;  // the collective it waits in, if any
+  // The last collectives it entered, for error reports: entered % recent.size() is the next slot.
+  std::uint64_t entered = 0;
+  std::array<std::string, 3> recent;
+
+  void enter(const std::string& signature) {
+    recent[entered % recent.size()] = signature;  // reuses the slot's capacity
+    ++entered;
+  }
 };
 
 /// Everything the devices of one outermost pmap share: one lock for all their rendezvous,
@@ -35,6 +48,8 @@ struct world {
   std::condition_variable wake;
   std::atomic<bool> poisoned{false};  // read without the lock by spinning waiters
   std::string reason;
+  std::exception_ptr first_error;  // the first exception any device threw, and where
+  std::string error_note;
   int running = 0;  // devices running user code (not joined on a nested pmap)
   int waiting = 0;  // of those, devices blocked in a rendezvous
   std::unordered_map<std::string, std::shared_ptr<device_record>> devices;
@@ -43,6 +58,25 @@ struct world {
   void poison(std::string why) {
     if (!poisoned) reason = std::move(why), poisoned = true;
     wake.notify_all();
+  }
+
+  /// "last collectives entered" per device, for error messages (call with the lock held).
+  [[nodiscard]] std::string recent_collectives() const {
+    std::vector<const device_record*> order;
+    for (const auto& entry : devices) order.push_back(entry.second.get());
+    std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return natural_less(a->path, b->path); });
+    constexpr std::size_t shown = 16;
+    std::string text = "\nlast collectives each device entered:";
+    for (std::size_t k = 0; k < order.size() && k < shown; ++k) {
+      const device_record& d = *order[k];
+      text += message("\n  device ", d.path, ":");
+      if (d.entered == 0) text += " none";
+      const std::uint64_t first = d.entered > d.recent.size() ? d.entered - d.recent.size() : 0;
+      for (std::uint64_t n = first; n < d.entered; ++n)
+        text += message(n == first ? " #" : "; #", n, ' ', d.recent[n % d.recent.size()]);
+    }
+    if (order.size() > shown) text += message("\n  (", order.size() - shown, " more devices)");
+    return text;
   }
 };
 
