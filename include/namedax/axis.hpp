@@ -43,9 +43,10 @@ template <class A, class B>
 inline constexpr bool same_axis = std::remove_cvref_t<A>::name == std::remove_cvref_t<B>::name;
 
 namespace literals {
-/// `"i"_ax` is `namedax::axis<"i">{}`.
+/// `"i"_ax` is `namedax::axis<"i">{}`. constexpr rather than consteval: clang 14 does not
+/// evaluate a consteval literal operator called in a generic lambda, and fails to link.
 template <fixed_string Name>
-consteval axis<Name> operator""_ax() { return {}; }
+constexpr axis<Name> operator""_ax() { return {}; }
 }  // namespace literals
 
 /// Positional and named axes together, as JAX's `axes=("i", "j", 0)`:
