@@ -1,9 +1,33 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the whole test suite with CTest.
+# Sets up, builds and runs the whole test suite with CTest; then builds a separate project
+# against an installed namedax (with CMake, and with pkg-config), and checks the compile-fail
+# diagnostics under clang++ as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j2
-cd build
-ctest --output-on-failure -j2 --timeout 600
+(cd build && ctest --output-on-failure -j2 --timeout 600)
+
+# deploy: install into a fresh prefix inside the build tree, then build and run a consumer
+# project that finds namedax there with find_package(namedax 0.1 REQUIRED).
+prefix="$PWD/build/deploy/prefix"
+rm -rf "$prefix"
+cmake --install build --prefix "$prefix" >/dev/null
+cmake -S tests/consumer -B build/deploy/consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build build/deploy/consumer
+build/deploy/consumer/namedax_consumer
+# The same program, built with the flags of the installed namedax.pc.
+if command -v pkg-config >/dev/null; then
+  export PKG_CONFIG_PATH="$prefix/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  cflags=$(pkg-config --cflags namedax)
+  libs=$(pkg-config --libs namedax)
+  read -r -a cflags <<<"$cflags"
+  read -r -a libs <<<"$libs"
+  "${CXX:-c++}" "${cflags[@]}" tests/consumer/main.cpp -o build/deploy/consumer_pkg_config "${libs[@]}"
+  build/deploy/consumer_pkg_config
+fi
+
+# compile-fail under clang++: a second configuration that registers only those tests.
+cmake -S . -B build/clang -DCMAKE_CXX_COMPILER=clang++ -DNAMEDAX_COMPILE_FAIL_ONLY=ON >/dev/null
+(cd build/clang && ctest -L compile-fail --output-on-failure --timeout 600)

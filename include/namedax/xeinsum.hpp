@@ -50,6 +50,20 @@ struct as_axes<type_list<Ns...>> {
   using type = axis_list<0, Ns...>;
 };
 
+/// The positional rank an operand has in its type: 0 for a scalar, N for a fixed-rank
+/// `xt::xtensor<T, N>`; dynamic_extent when only its value knows (xt::xarray, mapped values).
+template <class X>
+constexpr std::size_t static_positional_rank() {
+  if constexpr (std::is_arithmetic_v<X>) return 0;
+  else if constexpr (PlainValue<X> && xt::get_rank<X>::value != SIZE_MAX) return xt::get_rank<X>::value;
+  else return dynamic_extent;
+}
+
+// Named so that a failing static_assert prints the operand's position, its rank and the
+// number of subscripts the spec gives it.
+template <std::size_t Operand, std::size_t Rank, std::size_t Subscripts>
+inline constexpr bool operand_rank_matches_spec = Rank == dynamic_extent || Rank == Subscripts;
+
 /// psum over the names of `List`, or the value itself when there are none.
 template <class List, class X>
 auto psum_over(const X& x) {
@@ -84,8 +98,17 @@ struct xeinsum_fn {
   }
 
  private:
+  template <std::size_t K, class X>
+  static constexpr void check_rank() {
+    static_assert(detail::operand_rank_matches_spec<K, detail::static_positional_rank<X>(),
+                                                    spec::template subscripts<K>.size()>,
+                  "namedax::xeinsum: an operand's type fixes its rank, and the spec gives it another number of "
+                  "subscripts; write one subscript per positional dimension of that operand");
+  }
+
   template <std::size_t... K, class... Xs>
   static auto run(std::index_sequence<K...>, const Xs&... xs) {
+    (check_rank<K, Xs>(), ...);
     using all_names = typename detail::union_of<typename spec::template names<K>...>::type;
     using output_names = typename spec::output_names;
     using Env = typename detail::merged_env<env<>, Xs...>::type;

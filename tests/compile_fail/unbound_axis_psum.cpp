@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // A psum over an axis that no enclosing map binds does not compile; the diagnostic names it.
-// expect-error: axis_not_bound<namedax::psum_fn, namedax::axis<namedax::fixed_string<2>..k..>
+// g++ spells the axis name fixed_string<2>{"k"}, clang++ 14 as its character codes, {{107, 0}}.
+// expect-error: axis_not_bound<namedax::psum_fn, namedax::axis<(namedax::fixed_string<2>..k..|..107, 0..)>
 #include <namedax/namedax.hpp>
 
 using namespace namedax::literals;
