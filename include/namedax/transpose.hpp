@@ -522,7 +522,8 @@ struct compose_map : detail::linear_map_base {
     } else {
       auto [y, inner] = detail::vjp_of(std::get<N - 1>(ops), x);
       auto [z, outer] = vjp_from<N - 1>(y);
-      return std::pair{std::move(z), [inner, outer](const auto& ct) { return inner(outer(ct)); }};
+      // Init-captures: clang++ 14 cannot capture a structured binding.
+      return std::pair{std::move(z), [inner = inner, outer = outer](const auto& ct) { return inner(outer(ct)); }};
     }
   }
 };
