@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: MIT
+// Heap use of device collectives, measured by replacing the global operator new: a program of
+// its own, since the replacement applies to the whole program.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include "test_support.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+using namespace namedax::literals;
+
+namespace {
+
+std::atomic<std::size_t> live_bytes{0}, peak_bytes{0};
+
+// Each block carries its size in a header as large as the strictest alignment.
+constexpr std::size_t header = alignof(std::max_align_t);
+
+void* counted_allocate(std::size_t n) {
+  auto* block = static_cast<unsigned char*>(std::malloc(n + header));
+  if (!block) throw std::bad_alloc();
+  *reinterpret_cast<std::size_t*>(block) = n;
+  const std::size_t now = live_bytes.fetch_add(n) + n;
+  for (std::size_t seen = peak_bytes.load(); now > seen && !peak_bytes.compare_exchange_weak(seen, now);) {
+  }
+  return block + header;
+}
+
+void counted_free(void* p) noexcept {
+  if (!p) return;
+  auto* block = static_cast<unsigned char*>(p) - header;
+  live_bytes.fetch_sub(*reinterpret_cast<std::size_t*>(block));
+  std::free(block);
+}
+
+/// The largest heap growth, in bytes, while `f` runs.
+template <class F>
+std::size_t peak_growth(F&& f) {
+  const std::size_t before = live_bytes.load();
+  peak_bytes.store(before);
+  f();
+  return peak_bytes.load() - before;
+}
+
+}  // namespace
+
+void* operator new(std::size_t n) { return counted_allocate(n); }
+void* operator new[](std::size_t n) { return counted_allocate(n); }
+void operator delete(void* p) noexcept { counted_free(p); }
+void operator delete[](void* p) noexcept { counted_free(p); }
+void operator delete(void* p, std::size_t) noexcept { counted_free(p); }
+void operator delete[](void* p, std::size_t) noexcept { counted_free(p); }
+
+TEST_SUITE("memory") {
+  TEST_CASE("8 devices x 64 MiB: psum, psum_scatter and all_to_all need no copies beyond their outputs") {
+    constexpr std::size_t devices = 8, per_device = 64 << 20, n = per_device / sizeof(float);
+    xt::xarray<float> x = xt::xarray<float>::from_shape({devices, n});
+    for (std::size_t k = 0; k < x.size(); ++k) x.data()[k] = static_cast<float>(k % 1024);
+    const double data = static_cast<double>(devices * per_device);
+
+    // psum: each device's result (64 MiB) and the stacked output (8 x 64 MiB): 2x the data.
+    xt::xarray<float> out;
+    const std::size_t psum_peak = peak_growth([&] { out = namedax::pmap<"i">([](auto v) { return namedax::psum(v, "i"_ax); })(x); });
+    CHECK(out(7, n - 1) == 8.0f * static_cast<float>((n - 1) % 1024));
+    MESSAGE("psum, 8 x 64 MiB: peak heap growth ", psum_peak >> 20, " MiB = ", psum_peak / data, " x the data");
+    CHECK(psum_peak / data < 2.05);
+    out = {};
+
+    // A reduce-scatter: each device keeps an eighth, so the outputs are small.
+    const std::size_t scatter_peak = peak_growth(
+        [&] { out = namedax::pmap<"i">([](auto v) { return namedax::psum_scatter(v, "i"_ax, {.tiled = true}); })(x); });
+    CHECK(out.shape() == std::vector<std::size_t>{devices, n / devices});
+    MESSAGE("psum_scatter, 8 x 64 MiB: peak heap growth ", scatter_peak >> 20, " MiB = ", scatter_peak / data, " x the data");
+    CHECK(scatter_peak / data < 0.30);
+    out = {};
+
+    // all_to_all moves every element once: outputs only.
+    const std::size_t a2a_peak =
+        peak_growth([&] { out = namedax::pmap<"i">([](auto v) { return namedax::all_to_all(v, "i"_ax, 0, 0, {.tiled = true}); })(x); });
+    CHECK(out.shape() == x.shape());
+    MESSAGE("all_to_all, 8 x 64 MiB: peak heap growth ", a2a_peak >> 20, " MiB = ", a2a_peak / data, " x the data");
+    CHECK(a2a_peak / data < 2.05);
+  }
+}
