@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Compile time as a metric: times the compilation (wall clock, best of 3, and peak memory) of a
+# translation unit that uses xtensor alone, of the flagship example, of one that only includes
+# namedax, and of one that uses every collective under vmap and pmap; prints each one's ratio
+# to the xtensor-only one and writes them to a CSV file.
+#
+#   benchmarks/compile_time.sh [output.csv]      (default: compile_time.csv in the current directory)
+#
+# CXX (default g++) and CXXFLAGS (default -std=c++20 -O2) choose the compiler and its flags;
+# RUNS (default 3) the number of timed compilations of each unit. Target: the all-collectives
+# unit compiles in less than 3 times the xtensor-only one.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="$(realpath -m "${1:-compile_time.csv}")"
+cxx="${CXX:-g++}"
+read -r -a flags <<<"${CXXFLAGS:--std=c++20 -O2}"
+runs="${RUNS:-3}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# The baseline: what a user of xtensor alone compiles for a trivial program.
+cat >"$work/xtensor_only.cpp" <<'CPP'
+#include <xtensor/xarray.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xio.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xview.hpp>
+
+#include <iostream>
+
+int main() {
+  xt::xarray<float> x = xt::arange<float>(16).reshape({4, 4});
+  xt::xarray<float> y = x / xt::sum(x, {0});
+  std::cout << xt::view(y, 0, xt::all()) << "\n";
+  return 0;
+}
+CPP
+# The cost of including namedax, with nothing instantiated.
+cat >"$work/namedax_include_only.cpp" <<'CPP'
+#include <namedax/namedax.hpp>
+
+int main() { return 0; }
+CPP
+
+units=(xtensor_only:"$work/xtensor_only.cpp"
+       namedax_include_only:"$work/namedax_include_only.cpp"
+       linear_regression:"$root/examples/linear_regression.cpp"
+       all_collectives:"$root/benchmarks/all_collectives.cpp")
+
+have_time=0
+if [ -x /usr/bin/time ] && /usr/bin/time -f '%M' true >/dev/null 2>&1; then have_time=1; fi
+
+# GNU time's %M is the "Maximum resident set size" that `time -v` prints.
+# One compilation; prints "<wall seconds> <peak RSS in kB, or NA> <CPU seconds, or NA>".
+compile_once() {
+  local source="$1"
+  if [ "$have_time" -eq 1 ]; then
+    /usr/bin/time -f '%e %M %U %S' -o "$work/time.txt" "$cxx" "${flags[@]}" -I"$root/include" -c "$source" -o "$work/unit.o" || return 1
+    awk '{ printf "%s %s %.2f\n", $1, $2, $3 + $4 }' "$work/time.txt"
+  else
+    local start end
+    start=$(date +%s.%N)
+    "$cxx" "${flags[@]}" -I"$root/include" -c "$source" -o "$work/unit.o" || return 1
+    end=$(date +%s.%N)
+    echo "$(awk -v s="$start" -v e="$end" 'BEGIN { printf "%.2f", e - s }') NA NA"
+  fi
+}
+
+echo "compiler: $("$cxx" --version | head -n 1); flags: ${flags[*]}; best of $runs"
+echo "unit,wall_seconds,peak_rss_mb,cpu_seconds,wall_ratio,rss_ratio,cpu_ratio" >"$out"
+base_wall=""
+base_rss=""
+base_cpu=""
+for entry in "${units[@]}"; do
+  name="${entry%%:*}"
+  source="${entry#*:}"
+  best_wall=""
+  best_rss=""
+  best_cpu=""
+  for ((r = 0; r < runs; r++)); do
+    result=$(compile_once "$source")  # an assignment, so that a failed compilation stops the script
+    read -r wall rss cpu <<<"$result"
+    if [ -z "$best_wall" ] || awk -v a="$wall" -v b="$best_wall" 'BEGIN { exit !(a < b) }'; then best_wall="$wall"; fi
+    if [ "$rss" != NA ] && { [ -z "$best_rss" ] || [ "$rss" -lt "$best_rss" ]; }; then best_rss="$rss"; fi
+    if [ "$cpu" != NA ] && { [ -z "$best_cpu" ] || awk -v a="$cpu" -v b="$best_cpu" 'BEGIN { exit !(a < b) }'; }; then
+      best_cpu="$cpu"
+    fi
+  done
+  if [ -z "$base_wall" ]; then base_wall="$best_wall"; base_rss="$best_rss"; base_cpu="$best_cpu"; fi
+  row=$(awk -v n="$name" -v w="$best_wall" -v bw="$base_wall" -v m="$best_rss" -v bm="$base_rss" \
+                -v c="$best_cpu" -v bc="$base_cpu" 'BEGIN {
+    mb = (m == "") ? "NA" : sprintf("%.0f", m / 1024)
+    rr = (m == "" || bm == "") ? "NA" : sprintf("%.2f", m / bm)
+    cs = (c == "") ? "NA" : sprintf("%.2f", c)
+    cr = (c == "" || bc == "") ? "NA" : sprintf("%.2f", c / bc)
+    printf "%s,%.2f,%s,%s,%.2f,%s,%s", n, w, mb, cs, w / bw, rr, cr }')
+  echo "$row" >>"$out"
+  IFS=, read -r _ w mb cs wr rr cr <<<"$row"
+  printf '%-22s %7.2f s wall %6s MB %7s s CPU   ratios to xtensor_only: wall %s, memory %s, CPU %s\n' \
+         "$name" "$w" "$mb" "$cs" "$wr" "$rr" "$cr"
+done
+echo "written: $out"
