@@ -191,7 +191,13 @@ inline void detail::flush_trace_file() {
     if (r.path.empty() || !r.on) return;
     events = r.events;
   }
-  write_chrome_trace(r.path, events);
+  // Never in the way of the pmap's own result or exception: a file that cannot be written
+  // is reported on stderr.
+  try {
+    write_chrome_trace(r.path, events);
+  } catch (const error& e) {
+    std::fprintf(stderr, "%s (NAMEDAX_TRACE)\n", e.what());
+  }
 }
 
 }  // namespace namedax
