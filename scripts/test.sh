@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite with CTest; then builds a separate project
-# against an installed namedax (with CMake, and with pkg-config), and checks the compile-fail
-# diagnostics under clang++ as well.
+# against an installed namedax (with CMake, and with pkg-config), checks the compile-fail
+# diagnostics under clang++ as well, and runs the tests under the sanitizers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -31,3 +31,7 @@ fi
 # compile-fail under clang++: a second configuration that registers only those tests.
 cmake -S . -B build/clang -DCMAKE_CXX_COMPILER=clang++ -DNAMEDAX_COMPILE_FAIL_ONLY=ON >/dev/null
 (cd build/clang && ctest -L compile-fail --output-on-failure --timeout 600)
+
+# The runtime tests and examples under AddressSanitizer + UndefinedBehaviorSanitizer, the
+# device-mode tests under ThreadSanitizer.
+bash scripts/sanitize.sh

@@ -147,6 +147,10 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
   }
 }
 
+/// False for every type: a static_assert on it fires only when the overload is chosen.
+template <class Options>
+inline constexpr bool wrong_options = false;
+
 /// What `{}` binds to in `psum(x, axes, {})`: options that cannot carry groups, so the
 /// result is known at compile time to be the same along the reduced axes.
 struct reduce_options_without_groups {};
@@ -174,6 +178,15 @@ struct all_reduce_verb {
     std::optional<groups_t> groups;
     if (!options.axis_index_groups.empty()) groups = options.axis_index_groups;
     return tree_map(x, [&](const auto& leaf) { return all_reduce_leaf<Verb, K, true>(leaf, list, groups); });
+  }
+  /// Another collective's options: the first error line says which options these take.
+  template <class X, AxisArgument A, class Options>
+    requires(!std::convertible_to<const Options&, reduce_options> &&
+             !std::convertible_to<const Options&, reduce_options_without_groups>)
+  X operator()(const X& x, const A&, const Options&) const {
+    static_assert(wrong_options<Options>,
+                  "namedax: psum, pmean, pmax and pmin take namedax::reduce_options ({.axis_index_groups = ...})");
+    return x;  // only the assertion above is reported
   }
 };
 }  // namespace detail
@@ -283,6 +296,14 @@ struct all_gather_fn {
   auto operator()(const X& x, const A& axes, const Options& options) const {
     return gather<false>(x, axes, options);
   }
+  template <class X, AxisArgument A, class Options>
+    requires(!std::convertible_to<const Options&, all_gather_options> &&
+             !std::convertible_to<const Options&, detail::all_gather_options_without_groups>)
+  X operator()(const X& x, const A&, const Options&) const {
+    static_assert(detail::wrong_options<Options>,
+                  "namedax: all_gather takes namedax::all_gather_options ({.axis_index_groups, .axis, .tiled})");
+    return x;  // only the assertion above is reported
+  }
 
  private:
   template <bool Invariant, class X, class A>
@@ -320,6 +341,13 @@ struct psum_scatter_fn {
       });
     });
   }
+  template <class X, AxisArgument A, class Options>
+    requires(!std::convertible_to<const Options&, psum_scatter_options>)
+  X operator()(const X& x, const A&, const Options&) const {
+    static_assert(detail::wrong_options<Options>, "namedax: psum_scatter takes namedax::psum_scatter_options "
+                                                  "({.scatter_dimension, .axis_index_groups, .tiled})");
+    return x;  // only the assertion above is reported
+  }
 };
 inline constexpr psum_scatter_fn psum_scatter{};
 
@@ -343,6 +371,13 @@ struct all_to_all_fn {
       });
     });
   }
+  template <class X, AxisArgument A, class Options>
+    requires(!std::convertible_to<const Options&, all_to_all_options>)
+  X operator()(const X& x, const A&, int, int, const Options&) const {
+    static_assert(detail::wrong_options<Options>,
+                  "namedax: all_to_all takes namedax::all_to_all_options ({.axis_index_groups, .tiled})");
+    return x;  // only the assertion above is reported
+  }
 };
 inline constexpr all_to_all_fn all_to_all{};
 
@@ -363,6 +398,12 @@ struct pswapaxes_fn {
         return detail::all_to_all_rule(name, std::move(in), rank, ax, groups, axis, axis, false, "axis");
       });
     });
+  }
+  template <class X, AxisArgument A, class Options>
+    requires(!std::convertible_to<const Options&, pswapaxes_options>)
+  X operator()(const X& x, const A&, int, const Options&) const {
+    static_assert(detail::wrong_options<Options>, "namedax: pswapaxes takes namedax::pswapaxes_options ({.axis_index_groups})");
+    return x;  // only the assertion above is reported
   }
 };
 inline constexpr pswapaxes_fn pswapaxes{};
