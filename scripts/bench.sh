@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The collective benchmark suite: builds the benchmark programs in build-bench/ (Release), runs
+# OpenMPI's collectives with mpirun (plain, then with glibc's huge-page malloc), namedax's
+# device-mode and vectorized-mode collectives with their in-process baselines, and prints every
+# case with its same-run ratios and the target lines of the performance issue. Results go to
+# build-bench/results/ (raw CSVs, bench.csv, targets.csv, summary.json, output.txt).
+#
+#   bash scripts/bench.sh            the whole suite (15 to 25 minutes on 2 cores)
+#   bash scripts/bench.sh --quick    N = 2, 4 and sizes up to 1 MiB, vmap at 16 MiB (a few minutes)
+#   bash scripts/bench.sh --docs     the whole suite, then the plots and the CSV in docs/performance/
+#
+# OpenMPI (libopenmpi-dev, openmpi-bin) is installed when missing and run as root; without it
+# the MPI baselines are left out and their target lines say "no data".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+docs=0
+for arg in "$@"; do
+  case "$arg" in
+    --quick) quick=1 ;;
+    --docs) docs=1 ;;
+    *) echo "usage: bash scripts/bench.sh [--quick] [--docs]" >&2; exit 2 ;;
+  esac
+done
+
+devices="2,4,8,16"
+sizes="4,1024,65536,1048576,16777216,67108864"
+vmap_mib=64
+if [ "$quick" -eq 1 ]; then
+  devices="2,4"
+  sizes="4,1024,65536,1048576"
+  vmap_mib=16
+fi
+collectives="psum all_gather psum_scatter all_to_all ppermute"
+gather_cap_mib=2048  # all_gather outputs of all devices together (N * N * size) above this are skipped
+
+build=build-bench
+results="$build/results"
+jobs="${BENCH_JOBS:-1}"
+
+bash scripts/setup.sh
+have_mpi=1
+bash scripts/optional-packages.sh libopenmpi-dev openmpi-bin || have_mpi=0
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DNAMEDAX_BUILD_TESTS=OFF -DNAMEDAX_BUILD_EXAMPLES=OFF \
+  -DNAMEDAX_BUILD_BENCHMARKS=ON >/dev/null
+targets=(device_collectives vectorized_collectives)
+build_targets=$(cmake --build "$build" --target help)  # mpi_baseline exists only where CMake found MPI
+if [ "$have_mpi" -eq 1 ] && [[ "$build_targets" == *mpi_baseline* ]]; then
+  targets+=(mpi_baseline)
+else
+  have_mpi=0
+fi
+cmake --build "$build" --target "${targets[@]}" -j "$jobs"
+
+mkdir -p "$results"
+rm -f "$results"/*.csv
+start=$(date +%s)
+{
+  echo "namedax collective benchmarks, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(uname -r)"
+  echo "devices $devices; sizes per device (bytes) $sizes; vmap $vmap_mib MiB"
+
+  if [ "$have_mpi" -eq 1 ]; then
+    mpirun_flags=(--oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
+    [ "$(id -u)" -eq 0 ] && mpirun_flags+=(--allow-run-as-root)
+    echo "impl,collective,devices,bytes,actual_bytes,seconds" >"$results/mpi.csv"
+    echo
+    echo "OpenMPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}'): one mpirun per (collective, N, malloc), all sizes in one launch"
+    for c in $collectives; do
+      for n in ${devices//,/ }; do
+        run_sizes=()
+        for s in ${sizes//,/ }; do
+          if [ "$c" = all_gather ] && [ $((n * n * s)) -gt $((gather_cap_mib << 20)) ]; then
+            echo "  $c np=$n $s B: skipped, the gathered outputs of all ranks would exceed $gather_cap_mib MiB"
+            continue
+          fi
+          run_sizes+=("$s")
+        done
+        for label in openmpi openmpi_hugetlb; do
+          env_flags=()
+          [ "$label" = openmpi_hugetlb ] && env_flags=(-x GLIBC_TUNABLES=glibc.malloc.hugetlb=1)
+          if ! timeout 600 mpirun "${mpirun_flags[@]}" "${env_flags[@]}" -np "$n" \
+            "$build/benchmarks/mpi_baseline" "$c" "$label" "${run_sizes[@]}" >"$results/mpi_run.csv"; then
+            echo "  $c np=$n ($label): mpirun failed or timed out; the sizes it printed are kept"
+          fi
+          cat "$results/mpi_run.csv" >>"$results/mpi.csv"
+          awk -F, -v c="$c" -v n="$n" -v l="$label" \
+            '{printf "  %-13s np=%-2s %-16s %10s B  %12.2f us\n", c, n, l, $4, $6 * 1e6}' "$results/mpi_run.csv"
+        done
+      done
+    done
+    rm -f "$results/mpi_run.csv"
+  else
+    echo "OpenMPI not available: the MPI baselines are left out"
+  fi
+
+  echo
+  "$build/benchmarks/device_collectives" --devices "$devices" --sizes "$sizes" \
+    --collectives "${collectives// /,}" --gather-cap-mib "$gather_cap_mib" --out "$results/device.csv"
+  echo
+  "$build/benchmarks/vectorized_collectives" --mib "$vmap_mib" --axis 16 --out "$results/vectorized.csv"
+  python3 benchmarks/report.py "$results"
+  echo "suite run time: $(( $(date +%s) - start )) s"
+} 2>&1 | tee "$results/output.txt"
+
+if [ "$docs" -eq 1 ]; then
+  mkdir -p docs/performance
+  cp "$results/bench.csv" "$results/targets.csv" docs/performance/
+  python3 benchmarks/plot.py docs/performance/bench.csv docs/performance
+fi
