@@ -13,9 +13,9 @@
 #include <exception>
 #include <latch>
 #include <stdexcept>
+#include <thread>
 #include <type_traits>
 #include <typeinfo>
-#include <thread>
 
 // ThreadSanitizer cannot see oneTBB's (uninstrumented) hand-off of a task to a worker, so it
 // would report the launch as a race: under TSan every device gets a std::thread of its own.
