@@ -54,6 +54,14 @@ TEST_SUITE("named values") {
     }
   }
 
+  TEST_CASE("remainders, also of axis_index: a position within blocks of 3") {
+    xt::xarray<int> x = xt::arange<int>(6) * 10;
+    auto f = [](auto x) { return namedax::eval(x % 7 + namedax::axis_index("i"_ax) % 3); };
+    const xt::xarray<int> expected{0, 4, 8, 2, 6, 3};  // (0, 3, 6, 2, 5, 1) + (0, 1, 2, 0, 1, 2)
+    CHECK_BITWISE(namedax::vmap<"i">(f)(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x), expected);
+  }
+
   TEST_CASE("a lazy expression outlives the locals it was built from") {
     xt::xarray<double> x = xt::arange<double>(5);
     auto f = [](auto x) {
