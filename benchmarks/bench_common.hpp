@@ -26,19 +26,7 @@ inline double since(clock::time_point start) {
   return std::chrono::duration<double>(clock::now() - start).count();
 }
 
-/// "2,4,8" -> {2, 4, 8}.
-inline std::vector<std::size_t> parse_list(const std::string& text) {
-  std::vector<std::size_t> out;
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    std::size_t comma = text.find(',', pos);
-    if (comma == std::string::npos) comma = text.size();
-    if (comma > pos) out.push_back(std::stoull(text.substr(pos, comma - pos)));
-    pos = comma + 1;
-  }
-  return out;
-}
-
+/// "a,b,c" -> {"a", "b", "c"}; empty items are skipped.
 inline std::vector<std::string> parse_names(const std::string& text) {
   std::vector<std::string> out;
   std::size_t pos = 0;
@@ -48,6 +36,13 @@ inline std::vector<std::string> parse_names(const std::string& text) {
     if (comma > pos) out.push_back(text.substr(pos, comma - pos));
     pos = comma + 1;
   }
+  return out;
+}
+
+/// "2,4,8" -> {2, 4, 8}.
+inline std::vector<std::size_t> parse_list(const std::string& text) {
+  std::vector<std::size_t> out;
+  for (const auto& item : parse_names(text)) out.push_back(std::stoull(item));
   return out;
 }
 
