@@ -131,9 +131,11 @@ auto map_output(std::string_view verb, std::string_view name, const std::vector<
   }
 }
 
+/// Runs a map. `processes`: the process grid a process map (namedax::mpi::pmap) splits, or
+/// null for vmap and pmap.
 template <class Binding, class F, class InAxes, class... Args>
 auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_axes, std::size_t axis_size,
-              const Args&... args) {
+              process_grid* processes, const Args&... args) {
   using A = typename Binding::axis_type;
   constexpr placement P = Binding::place;
   using Outer = typename merged_env<env<>, Args...>::type;
@@ -169,6 +171,19 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
         }(),
         ...);
   }(std::make_index_sequence<count>{});
+  // A process map may also take each process's own slice (extent 1) and defaults to every process.
+  bool own_slices = false;
+  if (processes) {
+    const std::size_t available = processes->block_size();
+    const std::size_t given = axis_size ? axis_size : size && *size != 1 ? *size : available;
+    own_slices = size && *size == 1 && given != 1;
+    if (size && !own_slices && *size != given)
+      fail("namedax::", verb, "<\"", A::name, "\">: the arguments give axis size ", *size, " but axis_size is ", given);
+    if (given == 0 || available % given != 0)
+      fail("namedax::", verb, "<\"", A::name, "\">: an axis of size ", given, " cannot be spread over ", available,
+           " processes; the number of processes must be a multiple of the axis size");
+    size = given;
+  }
   if (!size) {
     if (axis_size == 0)
       fail("namedax::", verb, "<\"", A::name, "\">: no argument is mapped, so the axis size is unknown; pass axis_size");
@@ -219,10 +234,61 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
     auto evaluate_leaves = [](const result_type& r) {
       return tree_map(r, [](const auto& leaf) { return evaluate(to_inner<Inner>(leaf).payload()); });
     };
-    std::vector<std::optional<decltype(evaluate_leaves(std::declval<const result_type&>()))>> results(n);
-    run_devices(A::name, n, [&](std::size_t d) { results[d] = evaluate_leaves(call(d)); });
+    using leaves_type = decltype(evaluate_leaves(std::declval<const result_type&>()));
+    // Stacks every result leaf along the new axis from its slabs, one per index.
+    auto stack_leaves = [&](auto slabs_of) {
+      auto stack = [&]<class Leaf>(auto get) {
+        return map_output<Outer, result_mask<Inner, Leaf>>(verb, A::name, slabs_of(get), out_axes);
+      };
+      if constexpr (is_node<result_type>) {
+        using parts = decltype(children(std::declval<const result_type&>()));
+        return [&]<std::size_t... I>(std::index_sequence<I...>) {
+          return make_like<result_type>(stack.template operator()<std::remove_cvref_t<std::tuple_element_t<I, parts>>>(
+              [](const auto& leaves) -> const auto& { return std::get<I>(children(leaves)); })...);
+        }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+      } else {
+        return stack.template operator()<result_type>([](const auto& leaf) -> const auto& { return leaf; });
+      }
+    };
 
-    auto stack = [&]<class Leaf>(auto get) {
+    if (processes) {
+      // This process is one index of the axis; the results of the others arrive by allgather.
+      auto [grid, index] = processes->push(A::name, n);
+      const std::string what = message("namedax::", verb, "<\"", A::name, "\">");
+      std::optional<leaves_type> mine;
+      try {
+        frame_scope scope(frame{A::name, n, placement::devices, index, nullptr, grid});
+        mine = evaluate_leaves(call(own_slices ? 0 : index));
+      } catch (...) {
+        grid->finish(std::current_exception(), "", what);
+      }
+      std::string shapes;
+      tree_map(*mine, [&](const auto& leaf) {
+        shapes += message(" ", std::vector<std::size_t>(leaf.shape().begin(), leaf.shape().end()), " ",
+                          dtype_name<typename std::remove_cvref_t<decltype(leaf)>::value_type>());
+        return 0;
+      });
+      grid->finish(nullptr, message("return from ", what, " with results", shapes), what);
+      const std::string_view names[] = {A::name};
+      process_channel& channel = grid->channel(names, nullptr);
+      std::vector<std::shared_ptr<void>> gathered;  // the other processes' results, kept while stacking
+      return stack_leaves([&](auto get) {
+        const auto mine_block = block_of(get(*mine));
+        using T = std::remove_cvref_t<decltype(*mine_block.data)>;
+        if (own_slices) return std::vector<strided_block<T>>{mine_block};
+        const std::size_t count = element_count(mine_block.shape);
+        auto all = std::make_shared<std::vector<T>>(n * count);
+        channel.allgather(mine_block.data, all->data(), count * sizeof(T));
+        gathered.push_back(all);
+        std::vector<strided_block<T>> slabs(n, {all->data(), mine_block.shape, row_major_strides(mine_block.shape)});
+        for (std::size_t d = 0; d < n; ++d) slabs[d].data += d * count;
+        return slabs;
+      });
+    }
+
+    std::vector<std::optional<leaves_type>> results(n);
+    run_devices(A::name, n, [&](std::size_t d) { results[d] = evaluate_leaves(call(d)); });
+    return stack_leaves([&](auto get) {
       using T = typename std::remove_cvref_t<decltype(get(*results[0]))>::value_type;
       std::vector<strided_block<T>> slabs;
       for (std::size_t d = 0; d < n; ++d) {
@@ -231,17 +297,8 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
           fail("namedax::", verb, "<\"", A::name, "\">: devices returned values of different shapes: device 0 returned ",
                slabs.front().shape, ", device ", d, " returned ", slabs.back().shape);
       }
-      return map_output<Outer, result_mask<Inner, Leaf>>(verb, A::name, slabs, out_axes);
-    };
-    if constexpr (is_node<result_type>) {
-      using parts = decltype(children(std::declval<const result_type&>()));
-      return [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return make_like<result_type>(stack.template operator()<std::remove_cvref_t<std::tuple_element_t<I, parts>>>(
-            [](const auto& leaves) -> const auto& { return std::get<I>(children(leaves)); })...);
-      }(std::make_index_sequence<std::tuple_size_v<parts>>{});
-    } else {
-      return stack.template operator()<result_type>([](const auto& leaf) -> const auto& { return leaf; });
-    }
+      return slabs;
+    });
   }
 }
 
@@ -256,7 +313,7 @@ template <fixed_string Name, std::size_t Extent = dynamic_extent, class F, class
 auto vmap(F f, InAxes in_axes = 0, int out_axes = 0, std::size_t axis_size = 0) {
   return [f = std::move(f), in_axes, out_axes, axis_size](const auto&... args) {
     return detail::call_map<binding<axis<Name>, placement::vectorized, Extent>>("vmap", f, in_axes, out_axes,
-                                                                                axis_size, args...);
+                                                                                axis_size, nullptr, args...);
   };
 }
 
@@ -267,7 +324,7 @@ template <fixed_string Name, std::size_t Extent = dynamic_extent, class F, class
 auto pmap(F f, InAxes in_axes = 0, int out_axes = 0, std::size_t axis_size = 0) {
   return [f = std::move(f), in_axes, out_axes, axis_size](const auto&... args) {
     return detail::call_map<binding<axis<Name>, placement::devices, Extent>>("pmap", f, in_axes, out_axes, axis_size,
-                                                                             args...);
+                                                                             nullptr, args...);
   };
 }
 

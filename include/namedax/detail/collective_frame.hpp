@@ -27,8 +27,6 @@ struct named_axis {
   std::size_t index;  // this device's index (device axes)
 };
 
-using groups_t = std::vector<std::vector<int>>;
-
 /// The element type in the user's words, for messages.
 template <class T>
 constexpr std::string_view dtype_name() {
@@ -85,6 +83,29 @@ inline group_layout make_groups(std::string_view verb, std::span<const named_axi
   return g;
 }
 
+inline std::string join_names(std::span<const std::string_view> names) {
+  std::vector<std::string> quoted;
+  for (auto n : names) quoted.push_back(message('\'', n, '\''));
+  return message(quoted);
+}
+
+inline std::size_t element_count(std::span<const std::size_t> shape) {
+  return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>{});
+}
+
+/// The process grid of the innermost process map, which knows every process axis in scope.
+/// Only a process's own thread talks to the other processes, not the device threads of an
+/// inner pmap.
+inline process_grid& processes_for(std::string_view verb, std::span<const std::string_view> names) {
+  if (current_device())
+    fail("namedax::", verb, " over ", join_names(names), ": axes placed on processes are reached from the "
+         "process's own thread, not from the device threads of an inner pmap; map the inner axis with vmap, "
+         "or make the collective over the process axis outside the inner pmap");
+  const auto& stack = frames();
+  auto it = std::find_if(stack.rbegin(), stack.rend(), [](const frame& f) { return f.processes != nullptr; });
+  return *it->processes;
+}
+
 /// Payload shape with the dims of the vectorized `axes` set to `size_of(axis)`.
 template <class Size>
 std::vector<std::size_t> with_axis_dims(std::vector<std::size_t> shape, std::size_t positional_rank,
@@ -109,11 +130,13 @@ class collective_frame {
     groups_ = make_groups(verb, axes_, groups, total_, equal_groups);
     member_shape_ = with_axis_dims(in_.shape, positional_rank_, axes_, [](const named_axis&) { return std::size_t{1}; });
 
-    // Device axes along which the operand varies need the other devices' buffers.
-    std::vector<std::string_view> exchanged;
+    // Device axes along which the operand varies need the other devices' buffers: device
+    // threads lend theirs, processes send copies.
+    std::vector<std::string_view> exchanged, across_processes;
     for (const auto& ax : axes_)
-      if (ax.place == placement::devices && ax.varies) exchanged.push_back(ax.name);
-    if (exchanged.empty()) return;
+      if (ax.place == placement::devices && ax.varies)
+        (find_frame(ax.name)->processes ? across_processes : exchanged).push_back(ax.name);
+    if (exchanged.empty() && across_processes.empty()) return;
     if (in_.strides != row_major_strides(in_.shape)) {
       // Devices read each other's buffers with one set of strides: make this one row-major.
       contiguous_ = xt::xarray<T>::from_shape(in_.shape);
@@ -124,7 +147,22 @@ class collective_frame {
     collective_call call{verb, describe_axes(axes_),
                          message(options, groups ? message(" with groups ", *groups) : std::string()),
                          message(in_.shape), dtype_name<T>()};
-    exchange_.emplace(join(exchanged), in_.data, std::move(call));
+    if (across_processes.empty()) {
+      exchange_.emplace(join(exchanged), in_.data, std::move(call));
+      return;
+    }
+    // Members in other processes: every member's payload, gathered once (one MPI_Allgather).
+    if (!exchanged.empty())
+      fail("namedax::", verb, " over ", describe_axes(axes_), ": a collective cannot span axes on processes (",
+           join_names(across_processes), ") and axes on device threads (", join_names(exchanged),
+           ") at once; map the inner axis with vmap, or make one collective per axis");
+    process_grid& grid = processes_for(verb, across_processes);
+    grid.agree(call.signature(), message("namedax::", verb, " over ", call.axes));
+    process_channel& channel = grid.channel(across_processes, nullptr);
+    const std::size_t count = element_count(in_.shape);
+    gathered_ = xt::xarray<T>::from_shape({channel.size() * count});
+    channel.allgather(in_.data, gathered_.data(), count * sizeof(T));
+    member_stride_ = count;
   }
 
   [[nodiscard]] std::size_t total() const { return total_; }
@@ -145,7 +183,9 @@ class collective_frame {
       if (axes_[k].place == placement::devices) device = device * axes_[k].size + c[k];
       else offset += static_cast<std::ptrdiff_t>(c[k]) * in_.strides[positional_rank_ + axes_[k].slot];
     }
-    const T* base = exchange_ ? static_cast<const T*>(exchange_->slot(device)) : in_.data;
+    const T* base = exchange_                ? static_cast<const T*>(exchange_->slot(device))
+                    : gathered_.size() > 0 ? gathered_.data() + device * member_stride_
+                                           : in_.data;
     return {base + offset, member_shape_, in_.strides};
   }
 
@@ -213,6 +253,8 @@ class collective_frame {
   std::vector<std::size_t> member_shape_;
   xt::xarray<T> contiguous_;
   std::optional<pointer_exchange> exchange_;
+  xt::xarray<T> gathered_;  // members from other processes, member_stride_ elements each
+  std::size_t member_stride_ = 0;
 };
 
 }  // namespace namedax::detail

@@ -15,15 +15,71 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <span>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace namedax::detail {
 
 struct communicator;
+
+using groups_t = std::vector<std::vector<int>>;
+
+/// How a process transport combines elements, and what it combines.
+enum class fold_kind { sum, max, min };
+enum class element_kind { boolean, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64 };
+
+template <class T>
+constexpr element_kind element_kind_of() {
+  if constexpr (std::is_same_v<T, bool>) return element_kind::boolean;
+  else if constexpr (std::is_floating_point_v<T>) return sizeof(T) == 4 ? element_kind::float32 : element_kind::float64;
+  else if constexpr (std::is_signed_v<T>)
+    return sizeof(T) == 1 ? element_kind::int8 : sizeof(T) == 2 ? element_kind::int16 : sizeof(T) == 4 ? element_kind::int32 : element_kind::int64;
+  else
+    return sizeof(T) == 1 ? element_kind::uint8 : sizeof(T) == 2 ? element_kind::uint16 : sizeof(T) == 4 ? element_kind::uint32 : element_kind::uint64;
+}
+
+/// The processes (MPI ranks) that differ along some process axes, reached by one
+/// communicator: members of a collective that live in other processes. namedax/mpi.hpp
+/// implements it; nothing else includes mpi.h.
+struct process_channel {
+  virtual ~process_channel() = default;
+  [[nodiscard]] virtual std::size_t size() const = 0;
+  [[nodiscard]] virtual std::size_t rank() const = 0;
+  virtual void allgather(const void* mine, void* all, std::size_t bytes) = 0;
+  virtual void allreduce(const void* in, void* out, std::size_t count, element_kind, fold_kind) = 0;
+  virtual void reduce_scatter(const void* in, void* out, std::size_t count_each, element_kind, fold_kind) = 0;
+  virtual void alltoall(const void* in, void* out, std::size_t bytes_each) = 0;
+  /// Sends `bytes` to rank `to` and receives them from rank `from` (-1: none).
+  virtual void sendrecv(const void* in, long to, void* out, long from, std::size_t bytes) = 0;
+};
+
+/// The process axes of the enclosing maps and every channel among them. One per process and
+/// process map; each process-axis frame holds the grid that includes its axis.
+struct process_grid {
+  virtual ~process_grid() = default;
+  /// The channel among the processes that differ only along the process axes `names`,
+  /// ranked row-major over them in the order given; with groups, this rank's group, ranked
+  /// in the group's order. Created on first use (by every process at once) and kept.
+  virtual process_channel& channel(std::span<const std::string_view> names, const groups_t* groups) = 0;
+  /// Checks that every process makes the same call: `signature` must be equal everywhere,
+  /// else every process throws a collective_error naming the processes and their calls.
+  virtual void agree(const std::string& signature, std::string_view what) = 0;
+  /// Processes per index of the innermost process axis (all processes before any): what a
+  /// new process axis splits among its indices.
+  [[nodiscard]] virtual std::size_t block_size() const = 0;
+  /// The grid with process axis `name` of size n added, and this process's index along it.
+  virtual std::pair<std::shared_ptr<process_grid>, std::size_t> push(std::string_view name, std::size_t n) = 0;
+  /// Ends a process map on this process: with `error`, makes sure the other processes learn
+  /// of it (they throw a collective_error instead of waiting) and rethrows it; without,
+  /// agrees on `signature` (the results' shapes) as `agree` does.
+  virtual void finish(std::exception_ptr error, const std::string& signature, std::string_view what) = 0;
+};
 
 /// What one simulated device is doing, for error reports and departure checks.
 struct device_record {
@@ -86,7 +142,8 @@ struct frame {
   std::size_t size = 0;
   placement place = placement::vectorized;
   std::size_t index = 0;  // this device's index (device axes only)
-  std::shared_ptr<world> shared;  // device axes only
+  std::shared_ptr<world> shared;  // device axes on threads only
+  std::shared_ptr<process_grid> processes;  // device axes on processes only
 };
 
 inline std::vector<frame>& frames() {

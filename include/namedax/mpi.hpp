@@ -1,0 +1,372 @@
+// SPDX-License-Identifier: MIT
+// The third placement of a named axis: MPI ranks. namedax::mpi::pmap<"i"> runs the mapped
+// function once per process, as one index of "i"; the collectives inside reach the other
+// processes through MPI. Optional: the rest of namedax never includes mpi.h (CMake:
+// find_package(namedax COMPONENTS mpi) and namedax::mpi).
+#pragma once
+
+#include <namedax/namedax.hpp>
+
+#include <mpi.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace namedax::mpi {
+
+/// The MPI datatype of an element type (bool, signed and unsigned integers, float, double).
+template <class T>
+MPI_Datatype datatype() {
+  using detail::element_kind;
+  switch (detail::element_kind_of<T>()) {
+    case element_kind::boolean: return MPI_C_BOOL;
+    case element_kind::int8: return MPI_INT8_T;
+    case element_kind::int16: return MPI_INT16_T;
+    case element_kind::int32: return MPI_INT32_T;
+    case element_kind::int64: return MPI_INT64_T;
+    case element_kind::uint8: return MPI_UINT8_T;
+    case element_kind::uint16: return MPI_UINT16_T;
+    case element_kind::uint32: return MPI_UINT32_T;
+    case element_kind::uint64: return MPI_UINT64_T;
+    case element_kind::float32: return MPI_FLOAT;
+    case element_kind::float64: return MPI_DOUBLE;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+namespace detail {
+using namespace namedax::detail;
+
+/// Turns a failed MPI call into a namedax::error with MPI's own error string.
+inline void check(int code, std::string_view call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  fail("namedax::mpi: ", call, " failed: ", std::string_view(text, static_cast<std::size_t>(length)));
+}
+
+inline int count_of(std::size_t count, std::string_view call) {
+  if (count > static_cast<std::size_t>(INT_MAX))
+    fail("namedax::mpi: ", call, " of ", count, " elements exceeds MPI's int count (", INT_MAX, ")");
+  return static_cast<int>(count);
+}
+
+inline MPI_Datatype datatype_of(element_kind kind) {
+  switch (kind) {
+    case element_kind::boolean: return datatype<bool>();
+    case element_kind::int8: return datatype<std::int8_t>();
+    case element_kind::int16: return datatype<std::int16_t>();
+    case element_kind::int32: return datatype<std::int32_t>();
+    case element_kind::int64: return datatype<std::int64_t>();
+    case element_kind::uint8: return datatype<std::uint8_t>();
+    case element_kind::uint16: return datatype<std::uint16_t>();
+    case element_kind::uint32: return datatype<std::uint32_t>();
+    case element_kind::uint64: return datatype<std::uint64_t>();
+    case element_kind::float32: return datatype<float>();
+    case element_kind::float64: return datatype<double>();
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+/// max and min that propagate NaN, as pmax and pmin do in the other placements (MPI_MAX
+/// and MPI_MIN leave NaN to the comparison, which drops it).
+template <class T, bool Max>
+void nan_propagating(void* in, void* inout, int* length, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int k = 0; k < *length; ++k)
+    b[k] = (std::isnan(a[k]) || std::isnan(b[k])) ? std::numeric_limits<T>::quiet_NaN()
+           : Max                                 ? (b[k] < a[k] ? a[k] : b[k])
+                                                 : (a[k] < b[k] ? a[k] : b[k]);
+}
+
+/// One communicator of the mesh.
+class channel final : public process_channel {
+ public:
+  explicit channel(MPI_Comm comm) : comm_(comm) {
+    int size = 0, rank = 0;
+    MPI_Comm_size(comm_, &size), MPI_Comm_rank(comm_, &rank);
+    size_ = static_cast<std::size_t>(size), rank_ = static_cast<std::size_t>(rank);
+  }
+  channel(const channel&) = delete;
+  channel& operator=(const channel&) = delete;
+  ~channel() override { MPI_Comm_free(&comm_); }
+
+  [[nodiscard]] std::size_t size() const override { return size_; }
+  [[nodiscard]] std::size_t rank() const override { return rank_; }
+  void allgather(const void* mine, void* all, std::size_t bytes) override {
+    const int n = count_of(bytes, "MPI_Allgather");
+    check(MPI_Allgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, comm_), "MPI_Allgather");
+  }
+  void allreduce(const void* in, void* out, std::size_t count, element_kind kind, fold_kind fold) override {
+    check(MPI_Allreduce(in, out, count_of(count, "MPI_Allreduce"), datatype_of(kind), op(kind, fold), comm_),
+          "MPI_Allreduce");
+  }
+  void reduce_scatter(const void* in, void* out, std::size_t count_each, element_kind kind, fold_kind fold) override {
+    check(MPI_Reduce_scatter_block(in, out, count_of(count_each, "MPI_Reduce_scatter_block"), datatype_of(kind),
+                                   op(kind, fold), comm_),
+          "MPI_Reduce_scatter_block");
+  }
+  void alltoall(const void* in, void* out, std::size_t bytes_each) override {
+    const int n = count_of(bytes_each, "MPI_Alltoall");
+    check(MPI_Alltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_), "MPI_Alltoall");
+  }
+  void sendrecv(const void* in, long to, void* out, long from, std::size_t bytes) override {
+    const int n = count_of(bytes, "MPI_Sendrecv");
+    check(MPI_Sendrecv(in, n, MPI_BYTE, to < 0 ? MPI_PROC_NULL : static_cast<int>(to), 0, out, n, MPI_BYTE,
+                       from < 0 ? MPI_PROC_NULL : static_cast<int>(from), 0, comm_, MPI_STATUS_IGNORE),
+          "MPI_Sendrecv");
+  }
+
+ private:
+  static MPI_Op op(element_kind kind, fold_kind fold) {
+    if (fold == fold_kind::sum) return MPI_SUM;
+    const bool max = fold == fold_kind::max;
+    if (kind == element_kind::boolean) return max ? MPI_LOR : MPI_LAND;  // MPI has no max of bools
+    if (kind != element_kind::float32 && kind != element_kind::float64) return max ? MPI_MAX : MPI_MIN;
+    static const std::array<MPI_Op, 4> ops = [] {
+      std::array<MPI_Op, 4> made{};
+      MPI_Op_create(&nan_propagating<float, true>, 1, &made[0]);
+      MPI_Op_create(&nan_propagating<float, false>, 1, &made[1]);
+      MPI_Op_create(&nan_propagating<double, true>, 1, &made[2]);
+      MPI_Op_create(&nan_propagating<double, false>, 1, &made[3]);
+      return made;
+    }();
+    return ops[(kind == element_kind::float64 ? 2 : 0) + (max ? 0 : 1)];
+  }
+
+  MPI_Comm comm_;
+  std::size_t size_ = 0, rank_ = 0;
+};
+
+/// What every process map of this process shares: the world communicator (a duplicate, so
+/// that namedax's traffic never meets the program's own) and every channel made from it.
+struct mesh {
+  MPI_Comm world = MPI_COMM_NULL;
+  std::size_t size = 0, rank = 0;
+  std::map<std::string, std::unique_ptr<channel>> channels;
+  bool aborted = false;  // a failed agreement: every process knows, none needs to be told
+
+  mesh() {
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
+    int s = 0, r = 0;
+    MPI_Comm_size(world, &s), MPI_Comm_rank(world, &r);
+    size = static_cast<std::size_t>(s), rank = static_cast<std::size_t>(r);
+  }
+  mesh(const mesh&) = delete;
+  mesh& operator=(const mesh&) = delete;
+  ~mesh() {
+    channels.clear();
+    MPI_Comm_free(&world);
+  }
+};
+
+inline std::unique_ptr<mesh>& current_mesh() {
+  static std::unique_ptr<mesh> instance;
+  return instance;
+}
+
+inline std::uint64_t fingerprint(std::string_view text) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+/// The process axes of the enclosing process maps. The world rank is, row-major, the indices
+/// along them and then this process's place in its block (the processes of one index of the
+/// innermost axis, which an inner process map splits further).
+class grid final : public process_grid, public std::enable_shared_from_this<grid> {
+ public:
+  struct axis {
+    std::string name;
+    std::size_t size, index;
+  };
+
+  explicit grid(mesh& m) : mesh_(&m), block_(m.size), place_(m.rank) {}
+
+  [[nodiscard]] std::size_t block_size() const override { return block_; }
+
+  std::pair<std::shared_ptr<process_grid>, std::size_t> push(std::string_view name, std::size_t n) override {
+    auto inner = std::make_shared<grid>(*this);
+    inner->block_ = block_ / n;
+    const std::size_t index = place_ / inner->block_;
+    inner->place_ = place_ % inner->block_;
+    inner->axes_.push_back({std::string(name), n, index});
+    return {std::move(inner), index};
+  }
+
+  process_channel& channel(std::span<const std::string_view> names, const groups_t* groups) override {
+    // color: the coordinates along every other axis and the place in the block; key: the
+    // rank over `names` in the order given (or the position in this process's group).
+    std::string id;
+    for (const auto& a : axes_) id += message(a.name, '=', a.size, ';');
+    id += message('|', join_names(names), '|', groups ? message(*groups) : std::string());
+    auto& slot = mesh_->channels[id];
+    if (slot) return *slot;
+    std::size_t color = 0, key = 0;
+    for (const auto& a : axes_)
+      if (std::find(names.begin(), names.end(), a.name) == names.end()) color = color * a.size + a.index;
+    color = color * block_ + place_;
+    for (auto n : names) {
+      const auto& a = *std::find_if(axes_.begin(), axes_.end(), [&](const axis& x) { return x.name == n; });
+      key = key * a.size + a.index;
+    }
+    if (groups) {
+      std::size_t group = 0, position = 0;
+      for (std::size_t g = 0; g < groups->size(); ++g)
+        for (std::size_t p = 0; p < (*groups)[g].size(); ++p)
+          if (static_cast<std::size_t>((*groups)[g][p]) == key) group = g, position = p;
+      color = color * groups->size() + group, key = position;
+    }
+    MPI_Comm comm = MPI_COMM_NULL;
+    check(MPI_Comm_split(mesh_->world, count_of(color, "MPI_Comm_split"), count_of(key, "MPI_Comm_split"), &comm),
+          "MPI_Comm_split");
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    slot = std::make_unique<detail::channel>(comm);
+    return *slot;
+  }
+
+  void agree(const std::string& signature, std::string_view what) override {
+    const std::uint64_t mine = fingerprint(signature);
+    std::uint64_t seen[2] = {mine, ~mine};  // max and ~min over the processes: equal when all agree
+    check(MPI_Allreduce(MPI_IN_PLACE, seen, 2, MPI_UINT64_T, MPI_MAX, mesh_->world), "MPI_Allreduce");
+    if (seen[0] == ~seen[1]) return;
+    mesh_->aborted = true;
+    throw collective_error(message(what, " on process ", path(), ": ", disagreement(signature)));
+  }
+
+  void finish(std::exception_ptr error, const std::string& signature, std::string_view what) override {
+    if (!error) return agree(signature, what);
+    std::string text = "an exception that is not a std::exception";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      text = e.what();
+    } catch (...) {
+    }
+    // Tell the others, which wait in their next collective or at the end of the map, unless a
+    // failed agreement already told everyone.
+    if (!mesh_->aborted) try {
+        agree(message(threw_marker, text), what);
+      } catch (const collective_error&) {
+      }
+    if (axes_.size() > 1) std::rethrow_exception(error);  // the outermost process map says where
+    rethrow_from_device(error, message(" (thrown on process ", path(), ")"));
+  }
+
+  /// "i=2 (rank 5)": the coordinates along the process axes and the world rank.
+  [[nodiscard]] std::string path() const {
+    std::string p;
+    for (const auto& a : axes_) append_coordinate(p, a.name, a.index);
+    return message(p, " (rank ", mesh_->rank, ")");
+  }
+
+ private:
+  static constexpr std::string_view threw_marker = "\x01threw: ";
+
+  /// Every process's path and signature, for the message (only after a disagreement).
+  std::string disagreement(const std::string& signature) const {
+    const std::string mine = message(path(), '\x02', signature);
+    int length = static_cast<int>(mine.size());
+    std::vector<int> lengths(mesh_->size), offsets(mesh_->size);
+    check(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, mesh_->world), "MPI_Allgather");
+    std::size_t total = 0;
+    for (std::size_t r = 0; r < lengths.size(); ++r) offsets[r] = static_cast<int>(total), total += static_cast<std::size_t>(lengths[r]);
+    std::string all(total, '\0');
+    check(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, mesh_->world),
+          "MPI_Allgatherv");
+    std::vector<std::pair<std::string, std::string>> calls;  // (path, signature) by world rank
+    for (std::size_t r = 0; r < lengths.size(); ++r) {
+      std::string entry = all.substr(static_cast<std::size_t>(offsets[r]), static_cast<std::size_t>(lengths[r]));
+      const auto cut = entry.find('\x02');
+      calls.emplace_back(entry.substr(0, cut), entry.substr(cut + 1));
+    }
+    for (const auto& [who, call] : calls)
+      if (call.starts_with(threw_marker))
+        return message("process ", who, " threw: ", call.substr(threw_marker.size()));
+    std::size_t other = 0;
+    while (calls[other].second == calls[0].second) ++other;
+    return message("processes made different calls at the same point: process ", calls[0].first, " called ",
+                   calls[0].second, ", process ", calls[other].first, " called ", calls[other].second,
+                   "; every process must make the same collective calls in the same order");
+  }
+
+  mesh* mesh_;
+  std::vector<axis> axes_;
+  std::size_t block_;  // processes per index of the innermost axis
+  std::size_t place_;  // this process's place among them
+};
+
+/// The grid a new process map splits: the innermost enclosing one's, or all processes.
+inline std::shared_ptr<process_grid> enclosing_grid(std::string_view name) {
+  if (current_device())
+    fail("namedax::mpi::pmap<\"", name, "\">: a process map cannot run inside the device threads of a pmap; "
+         "put the process map outside");
+  const auto& stack = frames();
+  for (auto it = stack.rbegin(); it != stack.rend(); ++it)
+    if (it->processes) return it->processes;
+  auto& m = current_mesh();
+  if (!m) fail("namedax::mpi::pmap<\"", name, "\">: MPI is not set up; create a namedax::mpi::environment first");
+  m->aborted = false;  // an outermost process map starts afresh
+  return std::make_shared<grid>(*m);
+}
+}  // namespace detail
+
+/// Sets up MPI for namedax for its lifetime: initializes MPI (unless the program already
+/// did) and finalizes it at the end (if it initialized it). Create one in main, first.
+class environment {
+ public:
+  environment(int& argc, char**& argv) { start(&argc, &argv); }
+  environment() { start(nullptr, nullptr); }
+  environment(const environment&) = delete;
+  environment& operator=(const environment&) = delete;
+  ~environment() {
+    detail::current_mesh().reset();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_ && !finalized) MPI_Finalize();
+  }
+  /// This process's rank and the number of processes in MPI_COMM_WORLD.
+  [[nodiscard]] int rank() const { return static_cast<int>(detail::current_mesh()->rank); }
+  [[nodiscard]] int size() const { return static_cast<int>(detail::current_mesh()->size); }
+
+ private:
+  void start(int* argc, char*** argv) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      // Only the thread that runs the process map calls MPI, one call at a time.
+      detail::check(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+      owns_ = true;
+    }
+    detail::current_mesh() = std::make_unique<detail::mesh>();
+  }
+  bool owns_ = false;
+};
+
+/// Maps `f` over axis `Name` with one MPI process per index: JAX's pmap, with each rank as
+/// one device. Every process calls the returned function with the same arguments; a mapped
+/// argument is either the whole array (its extent along in_axes is the axis size, and
+/// process i takes slice i) or this process's own slice (extent 1). The axis size is the
+/// arguments' extent, else `axis_size`, else the number of processes. Every process
+/// receives the whole result, stacked along out_axes, as namedax::pmap returns it.
+///   namedax::mpi::pmap<"i">([](auto x) { return namedax::psum(x, "i"_ax); })(xt::arange<int>(4))  // {6, 6, 6, 6}
+template <fixed_string Name, std::size_t Extent = dynamic_extent, class F, class InAxes = int>
+auto pmap(F f, InAxes in_axes = 0, int out_axes = 0, std::size_t axis_size = 0) {
+  return [f = std::move(f), in_axes, out_axes, axis_size](const auto&... args) {
+    auto grid = detail::enclosing_grid(Name.view());
+    return namedax::detail::call_map<binding<axis<Name>, placement::devices, Extent>>(
+        "mpi::pmap", f, in_axes, out_axes, axis_size, grid.get(), args...);
+  };
+}
+
+}  // namespace namedax::mpi
