@@ -12,6 +12,7 @@
 #include <namedax/detail/pdot.hpp>
 #include <namedax/detail/pgather.hpp>
 #include <namedax/detail/ppermute.hpp>
+#include <namedax/detail/process_rules.hpp>
 #include <namedax/detail/psum_scatter.hpp>
 #include <namedax/detail/reduction.hpp>
 #include <namedax/named_array.hpp>
@@ -33,6 +34,11 @@ struct reduce_options {
 
 namespace detail {
 enum class reduction { sum, mean, max, min };
+
+template <reduction K>
+constexpr fold_kind fold_of() {
+  return K == reduction::max ? fold_kind::max : K == reduction::min ? fold_kind::min : fold_kind::sum;
+}
 
 template <reduction K>
 auto reduction_op() {
@@ -110,8 +116,10 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     const std::size_t kept_rank = rank - dims.size();
 
     auto named_axes = describe_named_axes<X, Names...>(verb);
-    auto [sum, divisor] = reduce_named<T>(verb, std::move(in), kept_rank, named_axes, groups,
-                                          K == reduction::sum || K == reduction::mean, op);
+    auto across = reduce_across_processes<T>(verb, in, named_axes, groups, fold_of<K>());
+    auto [sum, divisor] = across ? std::move(*across)
+                                 : reduce_named<T>(verb, std::move(in), kept_rank, named_axes, groups,
+                                                   K == reduction::sum || K == reduction::mean, op);
 
     constexpr axis_mask reduced = Env::template mask_of<Names...>();
     // Without groups the result is the same along the reduced axes; with groups it is not.
@@ -312,6 +320,8 @@ struct all_gather_fn {
     auto groups = detail::groups_of(options.axis_index_groups);
     return detail::tree_map(x, [&](const auto& leaf) {
       return detail::collective_leaf<all_gather_fn, Invariant, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+        if (auto out = detail::all_gather_across_processes(name, in, rank, ax, groups, options.axis, options.tiled))
+          return std::move(*out);
         return detail::all_gather_rule(name, std::move(in), rank, ax, groups, options.axis, options.tiled,
                                        groups.has_value());
       });
@@ -337,6 +347,9 @@ struct psum_scatter_fn {
     auto groups = detail::groups_of(options.axis_index_groups);
     return detail::tree_map(x, [&](const auto& leaf) {
       return detail::collective_leaf<psum_scatter_fn, false, true>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+        if (auto out = detail::psum_scatter_across_processes(name, in, rank, ax, groups, options.scatter_dimension,
+                                                             options.tiled))
+          return std::move(*out);
         return detail::psum_scatter_rule(name, std::move(in), rank, ax, groups, options.scatter_dimension, options.tiled);
       });
     });
@@ -367,6 +380,9 @@ struct all_to_all_fn {
     auto groups = detail::groups_of(options.axis_index_groups);
     return detail::tree_map(x, [&](const auto& leaf) {
       return detail::collective_leaf<all_to_all_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+        if (auto out = detail::all_to_all_across_processes(name, in, rank, ax, groups, split_axis, concat_axis,
+                                                           options.tiled))
+          return std::move(*out);
         return detail::all_to_all_rule(name, std::move(in), rank, ax, groups, split_axis, concat_axis, options.tiled);
       });
     });
@@ -395,6 +411,8 @@ struct pswapaxes_fn {
     auto groups = detail::groups_of(options.axis_index_groups);
     return detail::tree_map(x, [&](const auto& leaf) {
       return detail::collective_leaf<pswapaxes_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+        if (auto out = detail::all_to_all_across_processes(name, in, rank, ax, groups, axis, axis, false))
+          return std::move(*out);
         return detail::all_to_all_rule(name, std::move(in), rank, ax, groups, axis, axis, false, "axis");
       });
     });
@@ -475,6 +493,7 @@ struct ppermute_fn {
     auto names = detail::names_only(detail::to_axis_list(axes));
     return detail::tree_map(x, [&](const auto& leaf) {
       return detail::collective_leaf<ppermute_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+        if (auto out = detail::ppermute_across_processes(name, in, ax, perm)) return std::move(*out);
         return detail::ppermute_rule(name, std::move(in), rank, ax, perm);
       });
     });
@@ -491,6 +510,7 @@ struct pshuffle_fn {
     return detail::tree_map(x, [&](const auto& leaf) {
       return detail::collective_leaf<pshuffle_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
         const auto pairs = detail::shuffle_pairs(name, ax, perm);
+        if (auto out = detail::ppermute_across_processes(name, in, ax, pairs)) return std::move(*out);
         return detail::ppermute_rule(name, std::move(in), rank, ax, pairs);
       });
     });

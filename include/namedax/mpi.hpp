@@ -12,6 +12,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <memory>
@@ -235,6 +236,10 @@ class grid final : public process_grid, public std::enable_shared_from_this<grid
   }
 
   void agree(const std::string& signature, std::string_view what) override {
+    if (agree_on_every_collective()) agree_now(signature, what);
+  }
+
+  void agree_now(const std::string& signature, std::string_view what) {
     const std::uint64_t mine = fingerprint(signature);
     std::uint64_t seen[2] = {mine, ~mine};  // max and ~min over the processes: equal when all agree
     check(MPI_Allreduce(MPI_IN_PLACE, seen, 2, MPI_UINT64_T, MPI_MAX, mesh_->world), "MPI_Allreduce");
@@ -244,7 +249,7 @@ class grid final : public process_grid, public std::enable_shared_from_this<grid
   }
 
   void finish(std::exception_ptr error, const std::string& signature, std::string_view what) override {
-    if (!error) return agree(signature, what);
+    if (!error) return agree_now(signature, what);
     std::string text = "an exception that is not a std::exception";
     try {
       std::rethrow_exception(error);
@@ -255,7 +260,7 @@ class grid final : public process_grid, public std::enable_shared_from_this<grid
     // Tell the others, which wait in their next collective or at the end of the map, unless a
     // failed agreement already told everyone.
     if (!mesh_->aborted) try {
-        agree(message(threw_marker, text), what);
+        agree_now(message(threw_marker, text), what);
       } catch (const collective_error&) {
       }
     if (axes_.size() > 1) std::rethrow_exception(error);  // the outermost process map says where
@@ -271,6 +276,16 @@ class grid final : public process_grid, public std::enable_shared_from_this<grid
 
  private:
   static constexpr std::string_view threw_marker = "\x01threw: ";
+
+  /// NAMEDAX_MPI_AGREE=0 skips the agreement before each collective (a 16-byte
+  /// MPI_Allreduce), for measuring: processes that make different calls may then hang.
+  static bool agree_on_every_collective() {
+    static const bool on = [] {
+      const char* text = std::getenv("NAMEDAX_MPI_AGREE");
+      return !(text && std::string_view(text) == "0");
+    }();
+    return on;
+  }
 
   /// Every process's path and signature, for the message (only after a disagreement).
   std::string disagreement(const std::string& signature) const {

@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: MIT
+// The process paths: when every axis of a collective is placed on processes (MPI ranks) and
+// the operand varies along all of them, member r is process r's whole payload, and the
+// collective is one call of the matching MPI collective (MPI_Allreduce, MPI_Allgather,
+// MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Sendrecv) instead of gathering every member
+// for the shared rule. Each returns nothing when its case does not apply; the rule then runs.
+#pragma once
+
+#include <namedax/detail/collective_frame.hpp>
+#include <namedax/detail/ppermute.hpp>
+
+#include <cstring>
+#include <optional>
+
+namespace namedax::detail {
+
+/// The channel of a collective whose members are whole payloads of processes, after the
+/// processes agreed on the call; the payload made row-major if it was not.
+template <class T>
+struct process_call {
+  process_channel* channel = nullptr;
+  group_layout groups;
+  strided_block<T> in;
+  xt::xarray<T> contiguous;
+};
+
+template <class T>
+std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_block<T> in,
+                                              std::span<const named_axis> axes, const std::optional<groups_t>& groups,
+                                              bool equal_groups, const std::string& options) {
+  std::vector<std::string_view> names;
+  std::size_t total = 1;
+  for (const auto& ax : axes) {
+    const frame* f = find_frame(ax.name);
+    if (ax.place != placement::devices || !ax.varies || !f->processes) return std::nullopt;
+    names.push_back(ax.name), total *= ax.size;
+  }
+  if (names.empty()) return std::nullopt;
+  process_call<T> call{nullptr, make_groups(verb, axes, groups, total, equal_groups), std::move(in), {}};
+  if (call.in.strides != row_major_strides(call.in.shape)) {
+    call.contiguous = xt::xarray<T>::from_shape(call.in.shape);
+    copy_strided(call.in, call.contiguous.data());
+    call.in = block_of(call.contiguous);
+  }
+  process_grid& grid = processes_for(verb, names);
+  const collective_call signature{verb, describe_axes(axes),
+                                  message(options, groups ? message(" with groups ", *groups) : std::string()),
+                                  message(call.in.shape), dtype_name<T>()};
+  grid.agree(signature.signature(), message("namedax::", verb, " over ", signature.axes));
+  call.channel = &grid.channel(names, groups ? &*groups : nullptr);
+  return call;
+}
+
+/// Whether positional dim 0 of length `length` splits into one chunk per group member.
+inline bool groups_divide(std::size_t length, std::span<const named_axis> axes, const std::optional<groups_t>& groups,
+                          bool tiled) {
+  std::size_t g = 1;
+  for (const auto& ax : axes) g *= ax.size;
+  if (groups && !groups->empty()) g = groups->front().size();
+  return g > 0 && (tiled ? length % g == 0 : length == g);
+}
+
+/// psum, pmean, pmax, pmin: MPI_Allreduce. Returns the result and pmean's divisor.
+template <class T>
+std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_across_processes(
+    std::string_view verb, const strided_block<T>& in, std::span<const named_axis> axes,
+    const std::optional<groups_t>& groups, fold_kind fold) {
+  auto call = whole_payloads<T>(verb, in, axes, groups, false, "");
+  if (!call) return std::nullopt;
+  auto out = xt::xarray<T>::from_shape(call->in.shape);
+  call->channel->allreduce(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold);
+  xt::xarray<float> divisor = xt::xarray<float>::from_shape(std::vector<std::size_t>(in.shape.size(), 1));
+  divisor.fill(static_cast<float>(call->channel->size()));
+  return std::pair{std::move(out), std::move(divisor)};
+}
+
+/// all_gather along positional axis 0: MPI_Allgather straight into the output.
+template <class T>
+std::optional<xt::xarray<T>> all_gather_across_processes(std::string_view verb, const strided_block<T>& in,
+                                                         std::size_t positional_rank, std::span<const named_axis> axes,
+                                                         const std::optional<groups_t>& groups, int axis, bool tiled) {
+  if (axis != 0 || (tiled && positional_rank == 0)) return std::nullopt;
+  auto call = whole_payloads<T>(verb, in, axes, groups, true, message(" with axis ", axis, tiled ? ", tiled" : ""));
+  if (!call) return std::nullopt;
+  std::vector<std::size_t> shape = call->in.shape;
+  const std::size_t g = call->channel->size();
+  if (tiled) shape[0] *= g;
+  else shape.insert(shape.begin(), g);
+  auto out = xt::xarray<T>::from_shape(shape);
+  call->channel->allgather(call->in.data, out.data(), element_count(call->in.shape) * sizeof(T));
+  return out;
+}
+
+/// psum_scatter along positional axis 0: MPI_Reduce_scatter_block.
+template <class T>
+std::optional<xt::xarray<T>> psum_scatter_across_processes(std::string_view verb, const strided_block<T>& in,
+                                                           std::size_t positional_rank,
+                                                           std::span<const named_axis> axes,
+                                                           const std::optional<groups_t>& groups,
+                                                           int scatter_dimension, bool tiled) {
+  if (scatter_dimension != 0 || positional_rank == 0 || !groups_divide(in.shape[0], axes, groups, tiled))
+    return std::nullopt;
+  auto call = whole_payloads<T>(verb, in, axes, groups, true,
+                                message(" with scatter_dimension ", scatter_dimension, tiled ? ", tiled" : ""));
+  if (!call) return std::nullopt;
+  std::vector<std::size_t> shape = call->in.shape;
+  const std::size_t g = call->channel->size();
+  if (tiled) shape[0] /= g;
+  else shape.erase(shape.begin());
+  auto out = xt::xarray<T>::from_shape(shape);
+  call->channel->reduce_scatter(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold_kind::sum);
+  return out;
+}
+
+/// all_to_all (and pswapaxes) with split and concat axis 0: MPI_Alltoall.
+template <class T>
+std::optional<xt::xarray<T>> all_to_all_across_processes(std::string_view verb, const strided_block<T>& in,
+                                                         std::size_t positional_rank, std::span<const named_axis> axes,
+                                                         const std::optional<groups_t>& groups, int split_axis,
+                                                         int concat_axis, bool tiled) {
+  if (split_axis != 0 || concat_axis != 0 || positional_rank == 0 || !groups_divide(in.shape[0], axes, groups, tiled))
+    return std::nullopt;
+  auto call = whole_payloads<T>(verb, in, axes, groups, true,
+                                message(" with split_axis ", split_axis, " and concat_axis ", concat_axis,
+                                        tiled ? ", tiled" : ""));
+  if (!call) return std::nullopt;
+  auto out = xt::xarray<T>::from_shape(call->in.shape);  // chunk k of every member lands at k: same shape
+  call->channel->alltoall(call->in.data, out.data(), out.size() / call->channel->size() * sizeof(T));
+  return out;
+}
+
+/// ppermute and pshuffle: one MPI_Sendrecv; a process that receives nothing gets zeros.
+template <class T>
+std::optional<xt::xarray<T>> ppermute_across_processes(std::string_view verb, const strided_block<T>& in,
+                                                       std::span<const named_axis> axes, const permutation_t& perm) {
+  auto call = whole_payloads<T>(verb, in, axes, std::nullopt, false, message(" with pairs ", perm));
+  if (!call) return std::nullopt;
+  const auto from = senders(verb, axes, perm, call->groups.members.front().size());
+  const auto me = static_cast<long>(call->channel->rank());
+  long to = -1;
+  for (auto [source, destination] : perm)
+    if (source == me) to = destination;
+  auto out = xt::xarray<T>::from_shape(call->in.shape);
+  if (from[static_cast<std::size_t>(me)] < 0) std::fill(out.begin(), out.end(), T{});
+  call->channel->sendrecv(call->in.data, to, out.data(), from[static_cast<std::size_t>(me)], out.size() * sizeof(T));
+  return out;
+}
+
+}  // namespace namedax::detail
