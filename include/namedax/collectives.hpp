@@ -81,6 +81,22 @@ std::array<named_axis, sizeof...(Names)> describe_named_axes([[maybe_unused]] st
   }()...};
 }
 
+/// The value of a reduction from its result and pmean's divisor, typed for leaf X.
+template <reduction K, bool Grouped, class X, class... Names, class T>
+auto reduced_value(xt::xarray<T> sum, const xt::xarray<float>& divisor, float positional_count) {
+  using Env = typename X::env_type;
+  using R = reduction_result_t<K, typename X::value_type>;
+  constexpr axis_mask reduced = Env::template mask_of<Names...>();
+  // Without groups the result is the same along the reduced axes; with groups it is not.
+  constexpr axis_mask out_varying = Grouped ? (X::varying | reduced) : (X::varying & ~reduced);
+  if constexpr (K == reduction::mean) {
+    xt::xarray<R> mean = xt::cast<R>(sum) / (xt::cast<R>(divisor) * static_cast<R>(positional_count));
+    return make_named<shared_array<R>, Env, out_varying>(xt::make_xshared(std::move(mean)));
+  } else {
+    return make_named<shared_array<R>, Env, out_varying>(xt::make_xshared(std::move(sum)));
+  }
+}
+
 /// psum / pmean / pmax / pmin over `Names` and positional axes, for one leaf.
 /// `Grouped` (options were given) makes the result vary along the reduced axes: groups
 /// are runtime values, the result's type cannot depend on them.
@@ -121,15 +137,7 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
                                  : reduce_named<T>(verb, std::move(in), kept_rank, named_axes, groups,
                                                    K == reduction::sum || K == reduction::mean, op);
 
-    constexpr axis_mask reduced = Env::template mask_of<Names...>();
-    // Without groups the result is the same along the reduced axes; with groups it is not.
-    constexpr axis_mask out_varying = Grouped ? (X::varying | reduced) : (X::varying & ~reduced);
-    if constexpr (K == reduction::mean) {
-      xt::xarray<R> mean = xt::cast<R>(sum) / (xt::cast<R>(divisor) * static_cast<R>(positional_count));
-      return make_named<shared_array<R>, Env, out_varying>(xt::make_xshared(std::move(mean)));
-    } else {
-      return make_named<shared_array<R>, Env, out_varying>(xt::make_xshared(std::move(sum)));
-    }
+    return reduced_value<K, Grouped, X, Names...>(std::move(sum), divisor, positional_count);
   } else {
     static_assert(PlainValue<X>, "namedax: a collective takes named values, xtensor expressions or scalars");
     // A plain value varies along no axis: it is replicated, psum gives size * x.
@@ -155,6 +163,70 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
   }
 }
 
+/// Whether the leaves of node X can share one MPI_Allreduce: named values of one element
+/// type that vary along every reduced name (so that each is a process's whole payload).
+template <reduction K, class X, class... Names>
+constexpr bool fusable_leaves() {
+  if constexpr (!is_node<X>) {
+    return false;
+  } else {
+    using parts = decltype(children(std::declval<const X&>()));
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      constexpr bool named = (NamedValue<std::remove_cvref_t<std::tuple_element_t<I, parts>>> && ...);
+      if constexpr (!named) {
+        return false;
+      } else {
+        using first = std::remove_cvref_t<std::tuple_element_t<0, parts>>;
+        auto fits = []<class L>(std::type_identity<L>) {
+          constexpr axis_mask names = L::env_type::template mask_of<Names...>();
+          return std::is_same_v<accumulate_t<K, typename L::value_type>, accumulate_t<K, typename first::value_type>> &&
+                 (L::varying & names) == names;
+        };
+        return (fits(std::type_identity<std::remove_cvref_t<std::tuple_element_t<I, parts>>>{}) && ...);
+      }
+    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+  }
+}
+
+/// A node of leaves reduced over process axes alone: one agreement and one MPI_Allreduce
+/// for all of them, on their payloads laid end to end. Nothing when the axes are not all
+/// placed on processes.
+template <class Verb, reduction K, bool Grouped, class X, class... Names>
+auto fused_across_processes(const X& x, const std::optional<groups_t>& groups) {
+  using parts = decltype(children(x));
+  using first = std::remove_cvref_t<std::tuple_element_t<0, parts>>;
+  using T = accumulate_t<K, typename first::value_type>;
+  using result = decltype(tree_map(x, [&](const auto& leaf) {
+    return all_reduce_leaf<Verb, K, Grouped>(leaf, axis_list<0, Names...>{}, groups);
+  }));
+  constexpr std::size_t count = std::tuple_size_v<parts>;
+  std::optional<result> out;
+  const auto axes = describe_named_axes<first, Names...>(Verb::name);
+  if (!placed_on_processes(axes)) return out;
+  std::array<xt::xarray<T>, count> storage;
+  std::array<strided_block<T>, count> blocks;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((blocks[I] = block_in_memory<T>(std::get<I>(children(x)).payload(), storage[I])), ...);
+  }(std::make_index_sequence<count>{});
+  std::array<std::size_t, count + 1> offsets{};
+  for (std::size_t k = 0; k < count; ++k) offsets[k + 1] = offsets[k] + element_count(blocks[k].shape);
+  auto laid = xt::xarray<T>::from_shape({offsets[count]});
+  for (std::size_t k = 0; k < count; ++k) copy_strided(blocks[k], laid.data() + offsets[k]);
+  auto sum = reduce_across_processes<T>(Verb::name, block_of(laid), axes, groups, fold_of<K>(),
+                                        message(" of ", count, " leaves"));
+  const auto& [reduced, divisor] = *sum;
+  auto leaf_result = [&]<std::size_t I>() {
+    using L = std::remove_cvref_t<std::tuple_element_t<I, parts>>;
+    auto part = xt::xarray<T>::from_shape(blocks[I].shape);
+    std::copy_n(reduced.data() + offsets[I], part.size(), part.data());
+    return reduced_value<K, Grouped, L, Names...>(std::move(part), divisor, 1.0f);
+  };
+  out.emplace([&]<std::size_t... I>(std::index_sequence<I...>) {
+    return make_like<X>(leaf_result.template operator()<I>()...);
+  }(std::make_index_sequence<count>{}));
+  return out;
+}
+
 /// False for every type: a static_assert on it fires only when the overload is chosen.
 template <class Options>
 inline constexpr bool wrong_options = false;
@@ -168,8 +240,7 @@ template <class Verb, reduction K>
 struct all_reduce_verb {
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes) const {
-    auto list = to_axis_list(axes);
-    return tree_map(x, [&](const auto& leaf) { return all_reduce_leaf<Verb, K, false>(leaf, list, std::nullopt); });
+    return reduce_tree<false>(x, to_axis_list(axes), std::nullopt);
   }
   /// `{}`: no groups, so the result does not vary along the axes (chosen over the overload
   /// below, which is a template in its last parameter, whenever both fit).
@@ -182,10 +253,9 @@ struct all_reduce_verb {
   template <class X, AxisArgument A, class Options = reduce_options>
     requires std::same_as<Options, reduce_options>
   auto operator()(const X& x, const A& axes, const Options& options) const {
-    auto list = to_axis_list(axes);
     std::optional<groups_t> groups;
     if (!options.axis_index_groups.empty()) groups = options.axis_index_groups;
-    return tree_map(x, [&](const auto& leaf) { return all_reduce_leaf<Verb, K, true>(leaf, list, groups); });
+    return reduce_tree<true>(x, to_axis_list(axes), groups);
   }
   /// Another collective's options: the first error line says which options these take.
   template <class X, AxisArgument A, class Options>
@@ -195,6 +265,14 @@ struct all_reduce_verb {
     static_assert(wrong_options<Options>,
                   "namedax: psum, pmean, pmax and pmin take namedax::reduce_options ({.axis_index_groups = ...})");
     return x;  // only the assertion above is reported
+  }
+
+ private:
+  template <bool Grouped, class X, std::size_t P, class... Names>
+  static auto reduce_tree(const X& x, const axis_list<P, Names...>& list, const std::optional<groups_t>& groups) {
+    if constexpr (P == 0 && fusable_leaves<K, X, Names...>())
+      if (auto fused = fused_across_processes<Verb, K, Grouped, X, Names...>(x, groups)) return std::move(*fused);
+    return tree_map(x, [&](const auto& leaf) { return all_reduce_leaf<Verb, K, Grouped>(leaf, list, groups); });
   }
 };
 }  // namespace detail

@@ -24,18 +24,21 @@ struct process_call {
   xt::xarray<T> contiguous;
 };
 
+/// Whether every axis is placed on processes and the operand varies along it.
+inline bool placed_on_processes(std::span<const named_axis> axes) {
+  return !axes.empty() && std::all_of(axes.begin(), axes.end(), [](const named_axis& ax) {
+    return ax.place == placement::devices && ax.varies && find_frame(ax.name)->processes;
+  });
+}
+
 template <class T>
 std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_block<T> in,
                                               std::span<const named_axis> axes, const std::optional<groups_t>& groups,
                                               bool equal_groups, const std::string& options) {
+  if (!placed_on_processes(axes)) return std::nullopt;
   std::vector<std::string_view> names;
   std::size_t total = 1;
-  for (const auto& ax : axes) {
-    const frame* f = find_frame(ax.name);
-    if (ax.place != placement::devices || !ax.varies || !f->processes) return std::nullopt;
-    names.push_back(ax.name), total *= ax.size;
-  }
-  if (names.empty()) return std::nullopt;
+  for (const auto& ax : axes) names.push_back(ax.name), total *= ax.size;
   process_call<T> call{nullptr, make_groups(verb, axes, groups, total, equal_groups), std::move(in), {}};
   if (call.in.strides != row_major_strides(call.in.shape)) {
     call.contiguous = xt::xarray<T>::from_shape(call.in.shape);
@@ -64,8 +67,8 @@ inline bool groups_divide(std::size_t length, std::span<const named_axis> axes, 
 template <class T>
 std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_across_processes(
     std::string_view verb, const strided_block<T>& in, std::span<const named_axis> axes,
-    const std::optional<groups_t>& groups, fold_kind fold) {
-  auto call = whole_payloads<T>(verb, in, axes, groups, false, "");
+    const std::optional<groups_t>& groups, fold_kind fold, const std::string& options = "") {
+  auto call = whole_payloads<T>(verb, in, axes, groups, false, options);
   if (!call) return std::nullopt;
   auto out = xt::xarray<T>::from_shape(call->in.shape);
   call->channel->allreduce(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold);
