@@ -94,13 +94,7 @@ inline std::size_t element_count(std::span<const std::size_t> shape) {
 }
 
 /// The process grid of the innermost process map, which knows every process axis in scope.
-/// Only a process's own thread talks to the other processes, not the device threads of an
-/// inner pmap.
-inline process_grid& processes_for(std::string_view verb, std::span<const std::string_view> names) {
-  if (current_device())
-    fail("namedax::", verb, " over ", join_names(names), ": axes placed on processes are reached from the "
-         "process's own thread, not from the device threads of an inner pmap; map the inner axis with vmap, "
-         "or make the collective over the process axis outside the inner pmap");
+inline process_grid& innermost_process_grid() {
   const auto& stack = frames();
   auto it = std::find_if(stack.rbegin(), stack.rend(), [](const frame& f) { return f.processes != nullptr; });
   return *it->processes;
@@ -147,22 +141,8 @@ class collective_frame {
     collective_call call{verb, describe_axes(axes_),
                          message(options, groups ? message(" with groups ", *groups) : std::string()),
                          message(in_.shape), dtype_name<T>()};
-    if (across_processes.empty()) {
-      exchange_.emplace(join(exchanged), in_.data, std::move(call));
-      return;
-    }
-    // Members in other processes: every member's payload, gathered once (one MPI_Allgather).
-    if (!exchanged.empty())
-      fail("namedax::", verb, " over ", describe_axes(axes_), ": a collective cannot span axes on processes (",
-           join_names(across_processes), ") and axes on device threads (", join_names(exchanged),
-           ") at once; map the inner axis with vmap, or make one collective per axis");
-    process_grid& grid = processes_for(verb, across_processes);
-    grid.agree(call.signature(), message("namedax::", verb, " over ", call.axes));
-    process_channel& channel = grid.channel(across_processes, nullptr);
-    const std::size_t count = element_count(in_.shape);
-    gathered_ = xt::xarray<T>::from_shape({channel.size() * count});
-    channel.allgather(in_.data, gathered_.data(), count * sizeof(T));
-    member_stride_ = count;
+    if (across_processes.empty()) exchange_.emplace(join(exchanged), in_.data, std::move(call));
+    else gather_from_processes(verb, across_processes, std::move(call));
   }
 
   [[nodiscard]] std::size_t total() const { return total_; }
@@ -176,16 +156,26 @@ class collective_frame {
   /// Member r: the payload at r's coordinates, its dims along the vectorized axes of size 1.
   [[nodiscard]] strided_block<T> member(std::size_t rank) const {
     auto c = coordinates(rank);
-    std::size_t device = 0;
+    std::size_t device = 0;  // over the device axes (with a funnel: the process axes)
     std::ptrdiff_t offset = 0;
+    std::vector<std::size_t> thread = thread_index_;
     for (std::size_t k = 0; k < axes_.size(); ++k) {
       if (!axes_[k].varies) continue;
-      if (axes_[k].place == placement::devices) device = device * axes_[k].size + c[k];
-      else offset += static_cast<std::ptrdiff_t>(c[k]) * in_.strides[positional_rank_ + axes_[k].slot];
+      if (axes_[k].place == placement::vectorized)
+        offset += static_cast<std::ptrdiff_t>(c[k]) * in_.strides[positional_rank_ + axes_[k].slot];
+      else if (funnel_ && thread_slot_[k] >= 0) thread[static_cast<std::size_t>(thread_slot_[k])] = c[k];
+      else device = device * axes_[k].size + c[k];
     }
-    const T* base = exchange_                ? static_cast<const T*>(exchange_->slot(device))
-                    : gathered_.size() > 0 ? gathered_.data() + device * member_stride_
-                                           : in_.data;
+    const T* base = in_.data;
+    if (funnel_) {
+      std::size_t t = 0;
+      for (std::size_t k = 0; k < thread.size(); ++k) t = t * thread_size_[k] + thread[k];
+      base = static_cast<const T*>(exchange_->slot(0)) + (device * thread_size_total_ + t) * member_stride_;
+    } else if (exchange_) {
+      base = static_cast<const T*>(exchange_->slot(device));
+    } else if (member_stride_ > 0) {
+      base = gathered_.data() + device * member_stride_;
+    }
     return {base + offset, member_shape_, in_.strides};
   }
 
@@ -234,6 +224,47 @@ class collective_frame {
   }
 
  private:
+  /// Members in other processes: every member's payload, gathered once by one MPI_Allgather.
+  /// On the device threads of a process, every thread of it meets the others first and the
+  /// first one sends all their payloads in one call (only one thread of a process calls MPI):
+  /// a funnel, and member (process p, thread t) is at p * threads + t of what it received.
+  void gather_from_processes(std::string_view verb, std::span<const std::string_view> across_processes,
+                             collective_call call) {
+    const std::size_t count = element_count(in_.shape);
+    process_grid& grid = innermost_process_grid();
+    const std::string signature = call.signature(), what = message("namedax::", verb, " over ", call.axes);
+    if (!current_device()) {
+      grid.agree(signature, what);
+      process_channel& channel = grid.channel(across_processes, nullptr);
+      gathered_ = xt::xarray<T>::from_shape({channel.size() * count});
+      channel.allgather(in_.data, gathered_.data(), count * sizeof(T));
+      member_stride_ = count;
+      return;
+    }
+    std::vector<std::string_view> threads;
+    for (const frame& f : frames())
+      if (f.shared) threads.push_back(f.name), thread_size_.push_back(f.size), thread_index_.push_back(f.index);
+    for (const auto& ax : axes_) {
+      auto it = std::find(threads.begin(), threads.end(), ax.name);
+      thread_slot_.push_back(it == threads.end() ? -1 : static_cast<int>(it - threads.begin()));
+    }
+    funnel_ = true;
+    member_stride_ = count;
+    pointer_exchange payloads(join(threads), in_.data, call);
+    thread_size_total_ = payloads.size();
+    if (payloads.rank() == 0) {
+      grid.agree(signature, what);
+      process_channel& channel = grid.channel(across_processes, nullptr);
+      auto mine = xt::xarray<T>::from_shape({thread_size_total_ * count});
+      for (std::size_t t = 0; t < thread_size_total_; ++t)
+        std::copy_n(static_cast<const T*>(payloads.slot(t)), count, mine.data() + t * count);
+      gathered_ = xt::xarray<T>::from_shape({channel.size() * mine.size()});
+      channel.allgather(mine.data(), gathered_.data(), mine.size() * sizeof(T));
+    }
+    payloads.release();
+    exchange_.emplace(join(threads), payloads.rank() == 0 ? gathered_.data() : nullptr, std::move(call));
+  }
+
   [[nodiscard]] std::vector<std::size_t> coordinates(std::size_t rank) const {
     std::vector<std::size_t> c(axes_.size());
     for (std::size_t k = axes_.size(); k-- > 0;) c[k] = rank % axes_[k].size, rank /= axes_[k].size;
@@ -254,7 +285,13 @@ class collective_frame {
   xt::xarray<T> contiguous_;
   std::optional<pointer_exchange> exchange_;
   xt::xarray<T> gathered_;  // members from other processes, member_stride_ elements each
-  std::size_t member_stride_ = 0;
+  std::size_t member_stride_ = 0;  // 0: nothing gathered
+  // The funnel of device threads inside a process: the thread axes in scope, this thread's
+  // index along each, and each collective axis's place among them (-1: not a thread axis).
+  bool funnel_ = false;
+  std::vector<std::size_t> thread_size_, thread_index_;
+  std::vector<int> thread_slot_;
+  std::size_t thread_size_total_ = 1;
 };
 
 }  // namespace namedax::detail

@@ -24,9 +24,10 @@ struct process_call {
   xt::xarray<T> contiguous;
 };
 
-/// Whether every axis is placed on processes and the operand varies along it.
+/// Whether every axis is placed on processes and the operand varies along it, on a
+/// process's own thread (device threads inside a process go through the rule's funnel).
 inline bool placed_on_processes(std::span<const named_axis> axes) {
-  return !axes.empty() && std::all_of(axes.begin(), axes.end(), [](const named_axis& ax) {
+  return !axes.empty() && !current_device() && std::all_of(axes.begin(), axes.end(), [](const named_axis& ax) {
     return ax.place == placement::devices && ax.varies && find_frame(ax.name)->processes;
   });
 }
@@ -45,7 +46,7 @@ std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_blo
     copy_strided(call.in, call.contiguous.data());
     call.in = block_of(call.contiguous);
   }
-  process_grid& grid = processes_for(verb, names);
+  process_grid& grid = innermost_process_grid();
   const collective_call signature{verb, describe_axes(axes),
                                   message(options, groups ? message(" with groups ", *groups) : std::string()),
                                   message(call.in.shape), dtype_name<T>()};
