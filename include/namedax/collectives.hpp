@@ -214,7 +214,8 @@ auto fused_across_processes(const X& x, const std::optional<groups_t>& groups) {
   for (std::size_t k = 0; k < count; ++k) copy_strided(blocks[k], laid.data() + offsets[k]);
   auto sum = reduce_across_processes<T>(Verb::name, block_of(laid), axes, groups, fold_of<K>(),
                                         message(" of ", count, " leaves"));
-  const auto& [reduced, divisor] = *sum;
+  const xt::xarray<T>& reduced = sum->first;
+  const xt::xarray<float>& divisor = sum->second;
   auto leaf_result = [&]<std::size_t I>() {
     using L = std::remove_cvref_t<std::tuple_element_t<I, parts>>;
     auto part = xt::xarray<T>::from_shape(blocks[I].shape);
@@ -226,6 +227,16 @@ auto fused_across_processes(const X& x, const std::optional<groups_t>& groups) {
   }(std::make_index_sequence<count>{}));
   return out;
 }
+
+/// What a braced list naming fields of other collectives' options binds to
+/// (`psum(x, "i"_ax, {.tiled = true})`): the overload that takes it fails a static_assert
+/// naming the options the collective takes, instead of an error listing every candidate.
+/// It lacks axis_index_groups, so lists naming only a collective's own fields go elsewhere.
+struct foreign_option_fields {
+  int axis = 0;
+  int scatter_dimension = 0;
+  bool tiled = false;
+};
 
 /// False for every type: a static_assert on it fires only when the overload is chosen.
 template <class Options>
@@ -258,7 +269,7 @@ struct all_reduce_verb {
     return reduce_tree<true>(x, to_axis_list(axes), groups);
   }
   /// Another collective's options: the first error line says which options these take.
-  template <class X, AxisArgument A, class Options>
+  template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
     requires(!std::convertible_to<const Options&, reduce_options> &&
              !std::convertible_to<const Options&, reduce_options_without_groups>)
   X operator()(const X& x, const A&, const Options&) const {
@@ -382,7 +393,7 @@ struct all_gather_fn {
   auto operator()(const X& x, const A& axes, const Options& options) const {
     return gather<false>(x, axes, options);
   }
-  template <class X, AxisArgument A, class Options>
+  template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
     requires(!std::convertible_to<const Options&, all_gather_options> &&
              !std::convertible_to<const Options&, detail::all_gather_options_without_groups>)
   X operator()(const X& x, const A&, const Options&) const {
@@ -432,7 +443,7 @@ struct psum_scatter_fn {
       });
     });
   }
-  template <class X, AxisArgument A, class Options>
+  template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
     requires(!std::convertible_to<const Options&, psum_scatter_options>)
   X operator()(const X& x, const A&, const Options&) const {
     static_assert(detail::wrong_options<Options>, "namedax: psum_scatter takes namedax::psum_scatter_options "
@@ -465,7 +476,7 @@ struct all_to_all_fn {
       });
     });
   }
-  template <class X, AxisArgument A, class Options>
+  template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
     requires(!std::convertible_to<const Options&, all_to_all_options>)
   X operator()(const X& x, const A&, int, int, const Options&) const {
     static_assert(detail::wrong_options<Options>,
@@ -495,7 +506,7 @@ struct pswapaxes_fn {
       });
     });
   }
-  template <class X, AxisArgument A, class Options>
+  template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
     requires(!std::convertible_to<const Options&, pswapaxes_options>)
   X operator()(const X& x, const A&, int, const Options&) const {
     static_assert(detail::wrong_options<Options>, "namedax: pswapaxes takes namedax::pswapaxes_options ({.axis_index_groups})");
