@@ -1,0 +1,444 @@
+// SPDX-License-Identifier: MIT
+// namedax::mpi::pmap, run under mpirun: every collective on MPI processes against vmap on the
+// same global data, 2-D meshes of processes, processes mixed with vmap and with threads, own
+// slices as inputs, and the errors. The data is integer-valued, so that MPI's own order of
+// summation cannot show and every comparison is bit for bit. Every process runs every case;
+// the program fails when any process fails. Needs an even number of processes.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "../test_support.hpp"
+
+#include <namedax/mpi.hpp>
+
+#include <xtensor/xview.hpp>
+
+#include <cstdio>
+#include <numeric>
+
+using namespace namedax::literals;
+using namedax_test::error_of;
+
+namespace {
+
+std::size_t processes = 0;  // in MPI_COMM_WORLD, set by main
+std::size_t world_rank = 0;
+
+/// The leaves of two pytrees (a value, or a tuple or pair of them), each pair bit for bit.
+template <class A, class B>
+void check_same(const A& actual, const B& expected) {
+  if constexpr (requires { std::tuple_size<A>::value; }) {
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (check_same(std::get<K>(actual), std::get<K>(expected)), ...);
+    }(std::make_index_sequence<std::tuple_size_v<A>>{});
+  } else {
+    CHECK_BITWISE(actual, expected);
+  }
+}
+
+/// `f` mapped along "i" by MPI processes and by vmap on the same whole arguments.
+template <class F, class InAxes = int, class... Args>
+void check_like_vmap(F f, InAxes in_axes, const Args&... args) {
+  const auto expected = namedax::vmap<"i">(f, in_axes)(args...);
+  check_same(namedax::mpi::pmap<"i">(f, in_axes)(args...), expected);
+}
+
+/// Random integer values of type T (floating types too: their sums are exact in any order).
+template <class T>
+xt::xarray<T> whole_numbers(std::mt19937& rng, const std::vector<std::size_t>& shape) {
+  if constexpr (std::is_floating_point_v<T>)
+    return xt::cast<T>(namedax_test::random_array<std::int32_t>(rng, shape));
+  else
+    return namedax_test::random_array<T>(rng, shape);
+}
+
+/// Groups of two, each in reverse order, so that a rank's position differs from its order:
+/// {{3, 0}, {2, 1}} for 4 ranks.
+std::vector<std::vector<int>> pairs_reversed(std::size_t n) {
+  std::vector<std::vector<int>> groups;
+  for (std::size_t k = 0; k < n / 2; ++k) groups.push_back({static_cast<int>(n - 1 - k), static_cast<int>(k)});
+  return groups;
+}
+
+/// Groups of unequal sizes, for the reductions: {{2}, {3, 1, 0}} for 4 ranks.
+std::vector<std::vector<int>> uneven(std::size_t n) {
+  std::vector<std::vector<int>> groups{{static_cast<int>(n - 2)}, {}};
+  for (std::size_t k = n; k-- > 0;)
+    if (k != n - 2) groups[1].push_back(static_cast<int>(k));
+  return groups;
+}
+
+/// Bool values leave the map as int32: mpi::pmap cannot return bool results yet (it gathers
+/// them in a std::vector<bool>, which has no data()).
+template <class V>
+auto leaving_map(V v) {
+  if constexpr (std::is_same_v<typename V::value_type, bool>) return namedax::cast<std::int32_t>(v);
+  else return v;
+}
+
+/// The message of the collective_error that `f` throws, or why there is none.
+template <class F>
+std::string collective_error_of(F f) {
+  try {
+    f();
+  } catch (const namedax::collective_error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("another exception: ") + e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_SUITE("collectives on processes against vmap") {
+  TEST_CASE_TEMPLATE("psum, pmean, pmax and pmin, with and without groups", T, float, double, std::int32_t, bool) {
+    std::mt19937 rng(11);
+    const std::size_t n = processes;
+    auto x = whole_numbers<T>(rng, {n, 3, 2});
+    const auto even = pairs_reversed(n), odd = uneven(n);
+    auto f = [&](auto x) {
+      return std::tuple{namedax::psum(x, "i"_ax), namedax::pmean(x, "i"_ax), leaving_map(namedax::pmax(x, "i"_ax)),
+                        leaving_map(namedax::pmin(x, "i"_ax)), namedax::psum(x, "i"_ax, {.axis_index_groups = even}),
+                        namedax::pmean(x, "i"_ax, {.axis_index_groups = odd}),
+                        leaving_map(namedax::pmax(x, "i"_ax, {.axis_index_groups = odd})),
+                        leaving_map(namedax::pmin(x, "i"_ax, {.axis_index_groups = even})),
+                        namedax::psum(x, namedax::axes("i"_ax, 1))};
+    };
+    check_like_vmap(f, 0, x);
+    // A strided view of each process's slice (mapped along dimension 1) goes the same way.
+    xt::xarray<T> transposed = xt::transpose(x, {1, 0, 2});
+    check_like_vmap(f, 1, transposed);
+  }
+  TEST_CASE("pmax and pmin propagate NaN, alone and in groups") {
+    xt::xarray<float> x = xt::arange<float>(static_cast<float>(processes * 2)).reshape({processes, 2});
+    x(1, 0) = std::numeric_limits<float>::quiet_NaN();
+    const auto even = pairs_reversed(processes);
+    auto f = [&](auto x) {
+      return std::tuple{namedax::pmax(x, "i"_ax), namedax::pmin(x, "i"_ax),
+                        namedax::pmax(x, "i"_ax, {.axis_index_groups = even}),
+                        namedax::pmin(x, "i"_ax, {.axis_index_groups = even})};
+    };
+    auto [max, min, max_grouped, min_grouped] = namedax::mpi::pmap<"i">(f)(x);
+    CHECK(xt::all(xt::isnan(xt::view(max, xt::all(), 0))));
+    CHECK(xt::all(xt::isnan(xt::view(min, xt::all(), 0))));
+    CHECK(!xt::any(xt::isnan(xt::view(max, xt::all(), 1))));
+    // Rank 1 is in the group {n - 2, 1}: only that group sees the NaN.
+    for (std::size_t r = 0; r < processes; ++r) {
+      const bool with_nan = r == 1 || r == processes - 2;
+      CHECK(std::isnan(max_grouped(r, 0)) == with_nan);
+      CHECK(std::isnan(min_grouped(r, 0)) == with_nan);
+    }
+    check_like_vmap(f, 0, x);
+  }
+  TEST_CASE_TEMPLATE("all_gather along each axis, tiled and in groups", T, float, std::int32_t) {
+    std::mt19937 rng(12);
+    const std::size_t n = processes;
+    auto x = whole_numbers<T>(rng, {n, 2, 3});
+    const auto groups = pairs_reversed(n);
+    auto f = [&](auto x) {
+      return std::tuple{namedax::all_gather(x, "i"_ax), namedax::all_gather(x, "i"_ax, {.axis = 1}),
+                        namedax::all_gather(x, "i"_ax, {.axis = -1}), namedax::all_gather(x, "i"_ax, {.tiled = true}),
+                        namedax::all_gather(x, "i"_ax, {.axis = 1, .tiled = true}),
+                        namedax::all_gather(x, "i"_ax, {.axis_index_groups = groups}),
+                        namedax::all_gather(x, "i"_ax, {.axis_index_groups = groups, .axis = 0, .tiled = true})};
+    };
+    check_like_vmap(f, 0, x);
+  }
+  TEST_CASE_TEMPLATE("psum_scatter along dimensions 0 and 1, tiled and in groups", T, float, std::int32_t, bool) {
+    std::mt19937 rng(13);
+    const std::size_t n = processes;
+    auto x = whole_numbers<T>(rng, {n, n, n});
+    const auto groups = pairs_reversed(n);
+    auto f = [&](auto x) {
+      return std::tuple{namedax::psum_scatter(x, "i"_ax), namedax::psum_scatter(x, "i"_ax, {.scatter_dimension = 1}),
+                        namedax::psum_scatter(x, "i"_ax, {.tiled = true}),
+                        namedax::psum_scatter(x, "i"_ax, {.scatter_dimension = 1, .tiled = true}),
+                        namedax::psum_scatter(x, "i"_ax, {.axis_index_groups = groups, .tiled = true}),
+                        namedax::psum_scatter(x, "i"_ax, {.scatter_dimension = 1, .axis_index_groups = groups, .tiled = true})};
+    };
+    check_like_vmap(f, 0, x);
+  }
+  TEST_CASE_TEMPLATE("all_to_all for every split and concat axis, tiled, in groups; pswapaxes", T, double, std::int32_t) {
+    std::mt19937 rng(14);
+    const std::size_t n = processes;
+    auto x = whole_numbers<T>(rng, {n, n, n});
+    const auto groups = pairs_reversed(n);
+    for (int split : {0, 1})
+      for (int concat : {0, 1}) {
+        CAPTURE(split);
+        CAPTURE(concat);
+        auto f = [&](auto x) {
+          return std::tuple{namedax::all_to_all(x, "i"_ax, split, concat),
+                            namedax::all_to_all(x, "i"_ax, split, concat, {.tiled = true}),
+                            namedax::all_to_all(x, "i"_ax, split, concat, {.axis_index_groups = groups, .tiled = true})};
+        };
+        check_like_vmap(f, 0, x);
+      }
+    auto swap = [&](auto x) {
+      return std::tuple{namedax::pswapaxes(x, "i"_ax, 0), namedax::pswapaxes(x, "i"_ax, 1)};
+    };
+    check_like_vmap(swap, 0, x);
+    // pswapaxes is a distributed transpose.
+    xt::xarray<T> square = xt::view(x, xt::all(), xt::all(), 0);
+    xt::xarray<T> transposed = xt::transpose(square);
+    CHECK_BITWISE(namedax::mpi::pmap<"i">([](auto x) { return namedax::pswapaxes(x, "i"_ax, 0); })(square), transposed);
+  }
+  TEST_CASE("ppermute (a ring, a partial permutation that zero-fills) and pshuffle") {
+    const std::size_t n = processes;
+    xt::xarray<float> x = xt::arange<float>(static_cast<float>(n * 2)).reshape({n, 2});
+    std::vector<std::pair<int, int>> ring, partial{{0, static_cast<int>(n - 1)}};
+    std::vector<int> reversed(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      ring.emplace_back(static_cast<int>(k), static_cast<int>((k + 1) % n));
+      reversed[k] = static_cast<int>(n - 1 - k);
+    }
+    auto f = [&](auto x) {
+      return std::tuple{namedax::ppermute(x, "i"_ax, ring), namedax::ppermute(x, "i"_ax, partial),
+                        namedax::pshuffle(x, "i"_ax, reversed)};
+    };
+    auto [shifted, moved, shuffled] = namedax::mpi::pmap<"i">(f)(x);
+    for (std::size_t k = 0; k < n; ++k) {
+      CHECK_BITWISE(xt::xarray<float>(xt::view(shifted, (k + 1) % n)), xt::xarray<float>(xt::view(x, k)));
+      CHECK_BITWISE(xt::xarray<float>(xt::view(shuffled, k)), xt::xarray<float>(xt::view(x, n - 1 - k)));
+      if (k != n - 1) CHECK(xt::all(xt::equal(xt::view(moved, k), 0.f)));
+    }
+    CHECK_BITWISE(xt::xarray<float>(xt::view(moved, n - 1)), xt::xarray<float>(xt::view(x, 0)));
+    check_like_vmap(f, 0, x);
+  }
+  TEST_CASE("pargmax, pargmin (ties to the lowest index, in groups), pmax_with_index, axis_index, axis_size") {
+    std::mt19937 rng(15);
+    const std::size_t n = processes;
+    auto x = whole_numbers<std::int32_t>(rng, {n, 4, 3});
+    xt::view(x, xt::all(), 0, 0) = 7;  // a tie everywhere
+    const auto groups = pairs_reversed(n);
+    auto f = [&](auto x) {
+      return std::tuple{namedax::pargmax(x, "i"_ax), namedax::pargmin(x, "i"_ax),
+                        namedax::pargmax(x, "i"_ax, {.axis_index_groups = groups}),
+                        namedax::pmax_with_index(x, "i"_ax).second, x * 0 + namedax::axis_index("i"_ax),
+                        x * 0 + namedax::axis_size("i"_ax)};
+    };
+    auto results = namedax::mpi::pmap<"i">(f)(x);
+    CHECK(xt::all(xt::equal(xt::view(std::get<0>(results), xt::all(), 0, 0), 0)));
+    check_like_vmap(f, 0, x);
+    xt::xarray<std::int32_t> indices = namedax::mpi::pmap<"i">([](auto) { return namedax::axis_index("i"_ax); })(x);
+    CHECK_BITWISE(indices, xt::xarray<std::int32_t>(xt::arange<std::int32_t>(static_cast<int>(n))));
+  }
+  TEST_CASE_TEMPLATE("pdot, xeinsum and pgather", T, float, std::int32_t) {
+    std::mt19937 rng(16);
+    const std::size_t n = processes;
+    auto x = whole_numbers<T>(rng, {n, 3, 2});
+    auto y = whole_numbers<T>(rng, {n, 2, 4});
+    // Indices into (i, dimension 1 of x), one out of range; and ids that differ per index of i.
+    xt::xarray<int> ids{static_cast<int>(2 * n - 1), 0, 3, -1, static_cast<int>(n)};
+    xt::xarray<int> per_index = xt::cast<int>(xt::abs(whole_numbers<std::int32_t>(rng, {n, 3}))) % static_cast<int>(n);
+    auto f = [&](auto x, auto y, auto own_ids) {
+      return std::tuple{namedax::pdot(x, y, "i"_ax, {{1}, {0}}), namedax::pdot(x, y, namedax::axes(), {{1}, {0}}),
+                        namedax::xeinsum<"ab{i},bc{i}->ca">(x, y), namedax::xeinsum<"ab{i},bc->ac{i}">(x, y),
+                        namedax::pgather(x, ids, namedax::axes("i"_ax, 1)), namedax::pgather(y, own_ids, "i"_ax)};
+    };
+    check_like_vmap(f, 0, x, y, per_index);
+  }
+  TEST_CASE("pytrees: tuples as arguments, through collectives and as results") {
+    const std::size_t n = processes;
+    xt::xarray<int> x = xt::arange<int>(static_cast<int>(n * 3)).reshape({n, 3});
+    xt::xarray<double> w{0.5, -1.0};
+    auto f = [](auto x, auto w) {
+      auto [sx, sw] = namedax::psum(std::tuple{x, w}, "i"_ax);
+      auto [doubled, plus_one] = namedax::all_gather(std::tuple{x * 2, x + 1}, "i"_ax);
+      auto [largest, negated_smallest] = namedax::pmax(std::pair{x, -x}, "i"_ax);
+      return std::tuple{sx, sw, doubled, plus_one, largest, negated_smallest};
+    };
+    check_like_vmap(f, std::tuple{0, namedax::none}, x, w);
+  }
+}
+
+TEST_SUITE("what each process passes and receives") {
+  TEST_CASE("its own slice (extent 1) instead of the whole array") {
+    std::mt19937 rng(17);
+    const std::size_t n = processes;
+    auto x = whole_numbers<float>(rng, {n, 3});
+    xt::xarray<float> mine = xt::view(x, xt::range(world_rank, world_rank + 1));
+    auto f = [](auto x) { return std::tuple{namedax::psum(x, "i"_ax), namedax::all_gather(x, "i"_ax), x * 2.f}; };
+    auto [sum, gathered, doubled] = namedax::mpi::pmap<"i">(f)(mine);
+    auto [esum, egathered, edoubled] = namedax::vmap<"i">(f)(x);
+    auto own = [&](const auto& whole) { return xt::xarray<typename std::decay_t<decltype(whole)>::value_type>(xt::view(whole, xt::range(world_rank, world_rank + 1))); };
+    CHECK_BITWISE(sum, own(esum));
+    CHECK_BITWISE(gathered, own(egathered));
+    CHECK_BITWISE(doubled, own(edoubled));
+  }
+  TEST_CASE("an axis smaller than the number of processes: each index on a block of processes") {
+    const std::size_t n = processes / 2;
+    xt::xarray<int> x = xt::arange<int>(static_cast<int>(n * 2)).reshape({n, 2});
+    auto f = [](auto x) { return std::tuple{namedax::psum(x, "i"_ax), namedax::ppermute(x, "i"_ax, {{0, 0}}), x + 1}; };
+    // axis_size given, since with one index the extent 1 would read as each process's own slice.
+    check_same(namedax::mpi::pmap<"i">(f, 0, 0, n)(x), namedax::vmap<"i">(f)(x));
+    // Nothing mapped: axis_size gives the size.
+    auto g = [](auto w) { return namedax::psum(w * namedax::axis_index("i"_ax), "i"_ax); };
+    xt::xarray<int> w{1, 2};
+    check_same(namedax::mpi::pmap<"i">(g, namedax::none, 0, n)(w), namedax::vmap<"i">(g, namedax::none, 0, n)(w));
+  }
+}
+
+TEST_SUITE("meshes") {
+  // A 2-D mesh of ni x nj: 2 x (processes / 2).
+  auto mesh_collectives = [](auto x) {
+    auto both = namedax::axes("i"_ax, "j"_ax);
+    return std::tuple{namedax::psum(x, "i"_ax), namedax::psum(x, "j"_ax), namedax::pmean(x, both),
+                      namedax::all_gather(x, both), namedax::all_gather(x, "j"_ax, {.axis = 1}),
+                      namedax::psum_scatter(x, "i"_ax, {.tiled = true}), namedax::all_to_all(x, both, 0, 0),
+                      namedax::ppermute(x, "i"_ax, {{0, 1}, {1, 0}}), namedax::pargmax(x, namedax::axes("j"_ax, "i"_ax)),
+                      namedax::axis_index(both) + x * 0};
+  };
+  // Positional shape (processes, 2): dimension 0 splits among all ranks, or by 2 along i.
+  xt::xarray<float> mesh_input(std::size_t nj) {
+    std::mt19937 rng(18);
+    return whole_numbers<float>(rng, {2, nj, 2 * nj, 2});
+  }
+
+  TEST_CASE("processes x processes: mpi::pmap of mpi::pmap, collectives over i, j and both") {
+    const auto x = mesh_input(processes / 2);
+    auto expected = namedax::vmap<"i">(namedax::vmap<"j">(mesh_collectives))(x);
+    check_same(namedax::mpi::pmap<"i">(namedax::mpi::pmap<"j">(mesh_collectives))(x), expected);
+  }
+  TEST_CASE("processes x vmap: collectives over the process axis, the vectorized axis and both") {
+    // "i" on 2 blocks of processes (each computes its index of "i"), "j" vectorized in each.
+    const auto x = mesh_input(processes / 2);
+    auto expected = namedax::vmap<"i">(namedax::vmap<"j">(mesh_collectives))(x);
+    check_same(namedax::mpi::pmap<"i">(namedax::vmap<"j">(mesh_collectives))(x), expected);
+  }
+  TEST_CASE("processes x threads: collectives over the thread axis, the process axis and both") {
+    const std::size_t nj = processes / 2;
+    const auto x = mesh_input(nj);
+    std::vector<std::pair<int, int>> ring;
+    for (std::size_t k = 0; k < nj; ++k) ring.emplace_back(static_cast<int>(k), static_cast<int>((k + 1) % nj));
+    auto f = [&](auto x) {
+      return std::tuple{namedax::psum(x, "j"_ax), namedax::all_gather(x, "j"_ax),
+                        namedax::all_to_all(x, "j"_ax, 0, 1, {.tiled = true}), namedax::ppermute(x, "j"_ax, ring),
+                        namedax::pmax(x, "j"_ax)};
+    };
+    check_same(namedax::mpi::pmap<"i">(namedax::pmap<"j">(f))(x), namedax::vmap<"i">(namedax::vmap<"j">(f))(x));
+    // The thread axis and the process axis in one mesh: every collective of the 2-D set.
+    check_same(namedax::mpi::pmap<"i">(namedax::pmap<"j">(mesh_collectives))(x),
+               namedax::vmap<"i">(namedax::vmap<"j">(mesh_collectives))(x));
+  }
+}
+
+TEST_SUITE("errors") {
+  TEST_CASE("bad input is a namedax::error on every process, in the collective's words") {
+    const std::size_t n = processes;
+    xt::xarray<int> x = xt::arange<int>(static_cast<int>(n));
+    auto bad_groups = [](auto x) { return namedax::psum(x, "i"_ax, {.axis_index_groups = {{0, 1}, {1}}}); };
+    const std::string message = error_of([&] { namedax::mpi::pmap<"i">(bad_groups)(x); });
+    CHECK_MESSAGE(message.find("namedax::psum") != std::string::npos, message);
+    CHECK_MESSAGE(message.find("index 1 twice") != std::string::npos, message);
+    auto bad_perm = [](auto x) { return namedax::ppermute(x, "i"_ax, {{0, 1}, {0, 2}}); };
+    CHECK(error_of([&] { namedax::mpi::pmap<"i">(bad_perm)(x); }).find("namedax::ppermute") != std::string::npos);
+    const auto spread = error_of([&] { namedax::mpi::pmap<"i">(bad_groups)(xt::xarray<int>{1, 2, 3}); });
+    CHECK_MESSAGE(spread.find("cannot be spread over") != std::string::npos, spread);
+    // And the processes still work together afterwards.
+    check_like_vmap([](auto x) { return namedax::psum(x, "i"_ax); }, 0, x);
+  }
+  TEST_CASE("a process that throws: the others get a collective_error naming it, nobody hangs") {
+    xt::xarray<float> x = xt::arange<float>(static_cast<float>(processes));
+    auto f = [](auto x) {
+      if (namedax::axis_index("i"_ax) == 1) throw std::runtime_error("bad shard");
+      return namedax::psum(x, "i"_ax);
+    };
+    if (world_rank == 1) {
+      try {
+        namedax::mpi::pmap<"i">(f)(x);
+        FAIL("no error");
+      } catch (const std::runtime_error& e) {
+        const std::string what = e.what();
+        CHECK_MESSAGE(what.find("bad shard (thrown on process i=1 (rank 1))") != std::string::npos, what);
+        CHECK(dynamic_cast<const namedax::collective_error*>(&e) == nullptr);
+      }
+    } else {
+      const std::string what = collective_error_of([&] { namedax::mpi::pmap<"i">(f)(x); });
+      CHECK_MESSAGE(what.find("process i=1 (rank 1) threw: bad shard") != std::string::npos, what);
+    }
+    check_like_vmap([](auto x) { return namedax::psum(x, "i"_ax); }, 0, x);
+  }
+  TEST_CASE("processes that call different collectives get a collective_error naming both calls") {
+    xt::xarray<float> x = xt::arange<float>(static_cast<float>(processes));
+    auto f = [](auto x) {
+      if (namedax::axis_index("i"_ax) == 1) return namedax::pmax(x, "i"_ax);
+      return namedax::psum(x, "i"_ax);
+    };
+    const std::string what = collective_error_of([&] { namedax::mpi::pmap<"i">(f)(x); });
+    CHECK_MESSAGE(what.find("different calls") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("psum over ('i',)") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("pmax over ('i',)") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("process i=1 (rank 1)") != std::string::npos, what);
+    // The same collective with different shapes.
+    auto g = [](auto x) {
+      xt::xarray<float> ones = xt::ones<float>({namedax::axis_index("i"_ax) == 0 ? 2u : 3u});
+      return namedax::all_gather(x * ones, "i"_ax);
+    };
+    CHECK(collective_error_of([&] { namedax::mpi::pmap<"i">(g)(x); }).find("different calls") != std::string::npos);
+    check_like_vmap([](auto x) { return namedax::psum(x, "i"_ax); }, 0, x);
+  }
+}
+
+TEST_SUITE("differential") {
+  // Random shapes, axis sizes (divisors of the number of processes), groups and permutations,
+  // the same on every process (one seed).
+  template <class T>
+  void random_run(std::mt19937& rng) {
+    std::vector<std::size_t> sizes;
+    for (std::size_t d = 1; d <= processes; ++d)
+      if (processes % d == 0) sizes.push_back(d);
+    const std::size_t n = sizes[std::uniform_int_distribution<std::size_t>(0, sizes.size() - 1)(rng)];
+    std::uniform_int_distribution<std::size_t> extent(1, 3);
+    const std::size_t a = extent(rng), b = extent(rng);
+    auto x = whole_numbers<T>(rng, {n, n * a, b});
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    const std::size_t per = n % 2 == 0 && std::uniform_int_distribution<int>(0, 1)(rng) ? n / 2 : n;
+    std::vector<std::vector<int>> groups(n / per);
+    for (std::size_t k = 0; k < n; ++k) groups[k / per].push_back(order[k]);
+    std::vector<std::pair<int, int>> perm;
+    for (std::size_t k = 0; k + 1 < n; k += 2) perm.emplace_back(order[k], order[k + 1]);
+    const int axis = std::uniform_int_distribution<int>(0, 2)(rng);
+    CAPTURE(n);
+    CAPTURE(a);
+    CAPTURE(b);
+    CAPTURE(per);
+    auto f = [&](auto x) {
+      return std::tuple{namedax::psum(x, "i"_ax, {.axis_index_groups = groups}),
+                        namedax::pmean(x, namedax::axes("i"_ax, 1)),
+                        namedax::pmin(x, "i"_ax),
+                        namedax::all_gather(x, "i"_ax, {.axis = axis}),
+                        namedax::all_gather(x, "i"_ax, {.axis_index_groups = groups, .axis = axis % 2, .tiled = true}),
+                        namedax::psum_scatter(x, "i"_ax, {.scatter_dimension = 0, .axis_index_groups = groups, .tiled = true}),
+                        namedax::all_to_all(x, "i"_ax, 0, 1, {.tiled = true}),
+                        namedax::all_to_all(x, "i"_ax, 0, 0, {.axis_index_groups = groups, .tiled = true}),
+                        namedax::ppermute(x, "i"_ax, perm),
+                        namedax::pargmin(x, "i"_ax, {.axis_index_groups = groups})};
+    };
+    check_same(namedax::mpi::pmap<"i">(f, 0, 0, n)(x), namedax::vmap<"i">(f)(x));
+  }
+
+  TEST_CASE_TEMPLATE("random shapes, sizes, groups and permutations against vmap", T, float, std::int32_t) {
+    std::mt19937 rng(20261203);
+    for (int run = 0; run < 8; ++run) random_run<T>(rng);
+  }
+}
+
+int main(int argc, char** argv) {
+  namedax::mpi::environment environment(argc, argv);
+  processes = static_cast<std::size_t>(environment.size());
+  world_rank = static_cast<std::size_t>(environment.rank());
+  if (processes % 2 != 0) {
+    if (world_rank == 0) std::fprintf(stderr, "run the MPI tests on an even number of processes\n");
+    return 2;
+  }
+  doctest::Context context(argc, argv);
+  if (world_rank != 0) context.setOption("minimal", true);  // the other processes report failures only
+  const int failed = context.run() != 0 ? 1 : 0;
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (world_rank == 0)
+    std::printf("%zu processes: %s\n", processes, any_failed ? "some process failed" : "every process passed");
+  return any_failed;
+}
