@@ -9,6 +9,7 @@
 #include <namedax/axis.hpp>
 #include <namedax/detail/all_gather.hpp>
 #include <namedax/detail/all_to_all.hpp>
+#include <namedax/detail/device_rules.hpp>
 #include <namedax/detail/pdot.hpp>
 #include <namedax/detail/pgather.hpp>
 #include <namedax/detail/ppermute.hpp>
@@ -133,6 +134,7 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
 
     auto named_axes = describe_named_axes<X, Names...>(verb);
     auto across = reduce_across_processes<T>(verb, in, named_axes, groups, fold_of<K>());
+    if (!across) across = reduce_among_threads<T>(verb, in, named_axes, groups, op);
     auto [sum, divisor] = across ? std::move(*across)
                                  : reduce_named<T>(verb, std::move(in), kept_rank, named_axes, groups,
                                                    K == reduction::sum || K == reduction::mean, op);
