@@ -9,8 +9,10 @@
 #   bash scripts/bench.sh --quick    N = 2, 4 and sizes up to 1 MiB, vmap at 16 MiB (a few minutes)
 #   bash scripts/bench.sh --docs     the whole suite, then the plots and the CSV in docs/performance/
 #
-# OpenMPI (libopenmpi-dev, openmpi-bin) is installed when missing and run as root; without it
-# the MPI baselines are left out and their target lines say "no data".
+# OpenMPI (libopenmpi-dev, openmpi-bin) is installed by scripts/setup.sh; where CMake finds no
+# MPI the MPI baselines are left out and their target lines say "no data". Last, the overhead
+# of namedax over MPI against the raw MPI calls (benchmarks/mpi_overhead.cpp), with namedax's
+# per-call agreement on and off.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,14 +43,13 @@ jobs="${BENCH_JOBS:-1}"
 
 bash scripts/setup.sh
 have_mpi=1
-bash scripts/optional-packages.sh libopenmpi-dev openmpi-bin || have_mpi=0
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DNAMEDAX_BUILD_TESTS=OFF -DNAMEDAX_BUILD_EXAMPLES=OFF \
   -DNAMEDAX_BUILD_BENCHMARKS=ON >/dev/null
 targets=(device_collectives vectorized_collectives)
 build_targets=$(cmake --build "$build" --target help)  # mpi_baseline exists only where CMake found MPI
 if [ "$have_mpi" -eq 1 ] && [[ "$build_targets" == *mpi_baseline* ]]; then
-  targets+=(mpi_baseline)
+  targets+=(mpi_baseline mpi_overhead)
 else
   have_mpi=0
 fi
@@ -101,6 +102,15 @@ start=$(date +%s)
   echo
   "$build/benchmarks/vectorized_collectives" --mib "$vmap_mib" --axis 16 --out "$results/vectorized.csv"
   python3 benchmarks/report.py "$results"
+  if [ "$have_mpi" -eq 1 ]; then
+    overhead_sizes="1024,65536,1048576,16777216"
+    [ "$quick" -eq 1 ] && overhead_sizes="1024,65536,1048576"
+    for agree in 1 0; do
+      echo
+      timeout 1200 mpirun "${mpirun_flags[@]}" -x NAMEDAX_MPI_AGREE=$agree -np 4 "$build/benchmarks/mpi_overhead" \
+        --sizes "$overhead_sizes" || echo "mpi_overhead (NAMEDAX_MPI_AGREE=$agree): mpirun failed or timed out"
+    done
+  fi
   echo "suite run time: $(( $(date +%s) - start )) s"
 } 2>&1 | tee "$results/output.txt"
 

@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # -O0 compiles these template-heavy tests fastest; the tests are small, so they run fast
 # enough unoptimized. No debug info, which costs compile time and memory.
-common=(-DCMAKE_BUILD_TYPE=None -DNAMEDAX_BUILD_BENCHMARKS=OFF -DNAMEDAX_INSTALL=OFF)
+# Without the MPI backend: its tests run under mpirun, not under these runtimes.
+common=(-DCMAKE_BUILD_TYPE=None -DNAMEDAX_BUILD_BENCHMARKS=OFF -DNAMEDAX_INSTALL=OFF -DNAMEDAX_MPI=OFF)
 
 # AddressSanitizer (with leak detection) and UndefinedBehaviorSanitizer, every runtime test and example.
 cmake -S . -B build/asan "${common[@]}" -DNAMEDAX_SANITIZED_TESTS=ON \

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages namedax needs, when some are missing (as root, with apt-get).
+# OpenMPI is for the MPI backend's tests, example and benchmarks; the library builds without it.
 set -euo pipefail
-packages=(cmake make g++ clang pkgconf libxtensor-dev xtl-dev libxsimd-dev libboost-dev libtbb-dev doctest-dev)
+packages=(cmake make g++ clang pkgconf libxtensor-dev xtl-dev libxsimd-dev libboost-dev libtbb-dev doctest-dev
+          libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite with CTest; then builds a separate project
-# against an installed namedax (with CMake, and with pkg-config), checks the compile-fail
-# diagnostics under clang++ as well, and runs the tests under the sanitizers.
+# against an installed namedax (with CMake, its MPI component too, and with pkg-config),
+# checks the compile-fail diagnostics under clang++ as well, and runs the tests under the
+# sanitizers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,6 +18,14 @@ cmake --install build --prefix "$prefix" >/dev/null
 cmake -S tests/consumer -B build/deploy/consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build build/deploy/consumer
 build/deploy/consumer/namedax_consumer
+# The MPI component, where namedax was built with it: find_package(namedax COMPONENTS mpi).
+if [ -f "$prefix/share/cmake/namedax/namedaxMpiTargets.cmake" ]; then
+  cmake -S tests/mpi/consumer -B build/deploy/mpi_consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build build/deploy/mpi_consumer
+  mpirun_flags=(--oversubscribe --bind-to none --mca btl self,vader)
+  [ "$(id -u)" -eq 0 ] && mpirun_flags+=(--allow-run-as-root)
+  mpirun "${mpirun_flags[@]}" -np 2 build/deploy/mpi_consumer/namedax_mpi_consumer
+fi
 # The same program, built with the flags of the installed namedax.pc.
 if command -v pkg-config >/dev/null; then
   export PKG_CONFIG_PATH="$prefix/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: MIT
+// The overhead of namedax over MPI: psum, all_gather, psum_scatter, all_to_all and ppermute
+// inside one namedax::mpi::pmap against the raw MPI call they become (MPI_Allreduce,
+// MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Sendrecv around a ring), on the
+// same processes, float32, per-process sizes of 1 KiB to 16 MiB. Each time is the slowest
+// process's, best of several batches after a warm-up; namedax's calls run in a loop inside
+// the mapped function, each result evaluated, so the map's own set-up is not timed.
+//
+//   mpirun -np 4 mpi_overhead [--sizes 1024,65536,1048576,16777216] [--collectives psum,...]
+//   NAMEDAX_MPI_AGREE=0 skips namedax's per-call agreement across processes.
+#include <namedax/mpi.hpp>
+
+#include "bench_common.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+using namespace namedax::literals;
+
+namespace {
+
+/// Seconds per call of `call` on the slowest process: a warm-up, one call that sets the batch
+/// length (the same on every process, or the collectives would not pair up), then the best
+/// of several batches.
+template <class F>
+double slowest_process_time(F&& call, std::size_t bytes) {
+  auto slowest = [](double mine) {
+    double worst = 0;
+    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return worst;
+  };
+  call();
+  MPI_Barrier(MPI_COMM_WORLD);
+  double start = MPI_Wtime();
+  call();
+  const int k = bench::iterations_for(slowest(MPI_Wtime() - start));
+  double best = 1e30;
+  for (int r = 0; r < bench::repetitions(bytes); ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    start = MPI_Wtime();
+    for (int i = 0; i < k; ++i) call();
+    best = std::min(best, slowest((MPI_Wtime() - start) / k));
+  }
+  return best;
+}
+
+/// One case: `floats` per process (a multiple of the process count where the call splits).
+struct measured {
+  double raw, namedax;
+};
+
+measured measure(const std::string& collective, std::size_t floats, std::size_t bytes) {
+  int rank = 0, np = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &np);
+  const std::size_t n = static_cast<std::size_t>(np);
+  const int count = static_cast<int>(floats), chunk = static_cast<int>(floats / n);
+  const int next = (rank + 1) % np, previous = (rank + np - 1) % np;
+  std::vector<float> in(floats, static_cast<float>(rank));
+  std::vector<float> out(collective == "all_gather" ? n * floats : floats);
+  auto raw = [&] {
+    if (collective == "psum")
+      MPI_Allreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    else if (collective == "all_gather")
+      MPI_Allgather(in.data(), count, MPI_FLOAT, out.data(), count, MPI_FLOAT, MPI_COMM_WORLD);
+    else if (collective == "psum_scatter")
+      MPI_Reduce_scatter_block(in.data(), out.data(), chunk, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    else if (collective == "all_to_all")
+      MPI_Alltoall(in.data(), chunk, MPI_FLOAT, out.data(), chunk, MPI_FLOAT, MPI_COMM_WORLD);
+    else
+      MPI_Sendrecv(in.data(), count, MPI_FLOAT, next, 0, out.data(), count, MPI_FLOAT, previous, 0, MPI_COMM_WORLD,
+                   MPI_STATUS_IGNORE);
+  };
+  measured m{slowest_process_time(raw, bytes), 0};
+
+  std::vector<std::pair<int, int>> ring;
+  for (int k = 0; k < np; ++k) ring.emplace_back(k, (k + 1) % np);
+  xt::xarray<float> mine = xt::xarray<float>::from_shape({1, floats});  // this process's own slice
+  mine.fill(static_cast<float>(rank));
+  namedax::mpi::pmap<"i">([&](auto shard) {
+    const auto x = namedax::eval(shard);
+    auto call = [&] {
+      if (collective == "psum") namedax::eval(namedax::psum(x, "i"_ax));
+      else if (collective == "all_gather") namedax::eval(namedax::all_gather(x, "i"_ax));
+      else if (collective == "psum_scatter") namedax::eval(namedax::psum_scatter(x, "i"_ax, {.tiled = true}));
+      else if (collective == "all_to_all") namedax::eval(namedax::all_to_all(x, "i"_ax, 0, 0, {.tiled = true}));
+      else namedax::eval(namedax::ppermute(x, "i"_ax, ring));
+    };
+    m.namedax = slowest_process_time(call, bytes);
+    return x;
+  })(mine);
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namedax::mpi::environment mpi(argc, argv);
+  bench::options opts(argc, argv, {{"sizes", "1024,65536,1048576,16777216"},
+                                   {"collectives", "psum,all_gather,psum_scatter,all_to_all,ppermute"}});
+  const std::size_t n = static_cast<std::size_t>(mpi.size());
+  const char* agree = std::getenv("NAMEDAX_MPI_AGREE");
+  const bool agreeing = !(agree && std::string(agree) == "0");
+  if (mpi.rank() == 0)
+    std::printf("namedax over MPI against raw MPI, %zu processes, float32, per-process sizes; agreement per call %s\n", n,
+                agreeing ? "on" : "off (NAMEDAX_MPI_AGREE=0)");
+  bool met = true, any_large = false;
+  for (const auto& collective : bench::parse_names(opts["collectives"]))
+    for (std::size_t bytes : bench::parse_list(opts["sizes"])) {
+      std::size_t floats = bench::floats_for(bytes);
+      if (collective == "psum_scatter" || collective == "all_to_all") floats = (floats + n - 1) / n * n;
+      const measured m = measure(collective, floats, bytes);
+      const double ratio = m.namedax / m.raw;
+      if (bytes >= (std::size_t{1} << 20)) any_large = true, met = met && ratio < 1.05;
+      if (mpi.rank() == 0)
+        std::printf("  %-13s %8s  raw %11.2f us  namedax %11.2f us  ratio %.3f\n", collective.c_str(),
+                    bench::human_bytes(bytes).c_str(), m.raw * 1e6, m.namedax * 1e6, ratio);
+    }
+  if (mpi.rank() == 0 && any_large)
+    std::printf("overhead < 5%% at >= 1 MiB: %s\n", met ? "met" : "missed");
+}
