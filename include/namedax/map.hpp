@@ -131,9 +131,9 @@ auto map_output(std::string_view verb, std::string_view name, const std::vector<
   }
 }
 
-/// Runs a map. `processes`: the process grid a process map (namedax::mpi::pmap) splits, or
-/// null for vmap and pmap.
-template <class Binding, class F, class InAxes, class... Args>
+/// Runs a map. `OnProcesses`: a process map (namedax::mpi::pmap), which splits the process
+/// grid `processes` (null for vmap and pmap).
+template <class Binding, bool OnProcesses = false, class F, class InAxes, class... Args>
 auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_axes, std::size_t axis_size,
               process_grid* processes, const Args&... args) {
   using A = typename Binding::axis_type;
@@ -251,7 +251,7 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
       }
     };
 
-    if (processes) {
+    if constexpr (OnProcesses) {
       // This process is one index of the axis; the results of the others arrive by allgather.
       auto [grid, index] = processes->push(A::name, n);
       const std::string what = message("namedax::", verb, "<\"", A::name, "\">");
@@ -277,7 +277,7 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
         using T = std::remove_cvref_t<decltype(*mine_block.data)>;
         if (own_slices) return std::vector<strided_block<T>>{mine_block};
         const std::size_t count = element_count(mine_block.shape);
-        auto all = std::make_shared<std::vector<T>>(n * count);
+        auto all = std::make_shared<xt::xarray<T>>(xt::xarray<T>::from_shape({n * count}));
         channel.allgather(mine_block.data, all->data(), count * sizeof(T));
         gathered.push_back(all);
         std::vector<strided_block<T>> slabs(n, {all->data(), mine_block.shape, row_major_strides(mine_block.shape)});

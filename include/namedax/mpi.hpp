@@ -379,7 +379,7 @@ template <fixed_string Name, std::size_t Extent = dynamic_extent, class F, class
 auto pmap(F f, InAxes in_axes = 0, int out_axes = 0, std::size_t axis_size = 0) {
   return [f = std::move(f), in_axes, out_axes, axis_size](const auto&... args) {
     auto grid = detail::enclosing_grid(Name.view());
-    return namedax::detail::call_map<binding<axis<Name>, placement::devices, Extent>>(
+    return namedax::detail::call_map<binding<axis<Name>, placement::devices, Extent>, true>(
         "mpi::pmap", f, in_axes, out_axes, axis_size, grid.get(), args...);
   };
 }
