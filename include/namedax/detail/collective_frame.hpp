@@ -141,7 +141,8 @@ class collective_frame {
     collective_call call{verb, describe_axes(axes_),
                          message(options, groups ? message(" with groups ", *groups) : std::string()),
                          message(in_.shape), dtype_name<T>()};
-    if (across_processes.empty()) exchange_.emplace(join(exchanged), in_.data, std::move(call));
+    if (across_processes.empty())
+      exchange_.emplace(join(exchanged), in_.data, std::move(call), element_count(in_.shape) * sizeof(T));
     else gather_from_processes(verb, across_processes, std::move(call));
   }
 

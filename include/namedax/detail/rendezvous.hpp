@@ -6,7 +6,9 @@
 #include <namedax/detail/runtime.hpp>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <thread>
 #include <span>
@@ -18,6 +20,9 @@ struct communicator {
   std::size_t size = 0;
   std::vector<std::string> member_paths;  // by rank, for departure reports
   std::vector<const void*> slots;         // what each member offers in the current exchange
+  // Small payloads are copied here instead of lent (see pointer_exchange): two buffers of
+  // size * inline_payload_bytes, used by alternate barrier generations.
+  std::vector<std::byte> inline_payloads[2];
   std::vector<std::string> signatures;
   std::vector<std::uint64_t> arrived_in;  // generation + 1 once a member arrived in it
   std::size_t arrived = 0;
@@ -168,26 +173,45 @@ struct collective_call {
   }
 };
 
+/// Payloads up to this size are copied into the communicator's buffer, so that an exchange
+/// needs one barrier instead of two.
+inline constexpr std::size_t inline_payload_bytes = 4096;
+
 /// One exchange of pointers: every member offers its buffer, reads the others' after
-/// `exchange`, and calls `release` once it no longer reads them.
+/// `exchange`, and calls `release` once it no longer reads them. A payload of at most
+/// inline_payload_bytes (`bytes`, contiguous at `mine`; 0: lend the pointer) is copied into
+/// the communicator instead: then nobody reads the lender's memory, and release needs no
+/// barrier. Two buffers alternate by barrier generation: a member writes the next one while
+/// slower members still read this one, and cannot reach the one after before they arrive.
 class pointer_exchange {
  public:
-  pointer_exchange(membership m, const void* mine, collective_call call)
-      : m_(std::move(m)), call_(std::move(call)), what_(message("namedax::", call_.op, " over ", call_.axes)) {
+  pointer_exchange(membership m, const void* mine, collective_call call, std::size_t bytes = 0)
+      : m_(std::move(m)), call_(std::move(call)), what_(message("namedax::", call_.op, " over ", call_.axes)),
+        copied_(bytes > 0 && bytes <= inline_payload_bytes) {
     if (tracing()) arrival_us_ = trace_clock_us();
     {
       std::lock_guard guard(m_.shared->lock);
-      m_.comm->slots[m_.rank] = mine;
+      communicator& c = *m_.comm;
+      if (copied_) {  // the slots vector is not used: a faster member may already fill it for the next call
+        auto& buffer = c.inline_payloads[c.generation.load() % 2];
+        if (buffer.empty()) buffer.resize(c.size * inline_payload_bytes);
+        inline_base_ = buffer.data();
+        std::memcpy(inline_base_ + m_.rank * inline_payload_bytes, mine, bytes);
+      } else {
+        c.slots[m_.rank] = mine;
+      }
     }
     const std::string signature = call_.signature();
     arrive_and_wait(m_, &signature, what_);
     if (arrival_us_ >= 0) wait_us_ = trace_clock_us() - arrival_us_;
   }
-  [[nodiscard]] const void* slot(std::size_t rank) const { return m_.comm->slots[rank]; }
+  [[nodiscard]] const void* slot(std::size_t rank) const {
+    return copied_ ? inline_base_ + rank * inline_payload_bytes : m_.comm->slots[rank];
+  }
   [[nodiscard]] std::size_t rank() const { return m_.rank; }
   [[nodiscard]] std::size_t size() const { return m_.comm->size; }
   void release() {
-    arrive_and_wait(m_, nullptr, what_);
+    if (!copied_) arrive_and_wait(m_, nullptr, what_);
     if (arrival_us_ >= 0) {
       const auto& me = *current_device();
       record(trace_event{me.path, std::string(call_.op), std::move(call_.axes), std::move(call_.parameters),
@@ -200,6 +224,8 @@ class pointer_exchange {
   membership m_;
   collective_call call_;
   std::string what_;
+  bool copied_;
+  std::byte* inline_base_ = nullptr;
   double arrival_us_ = -1, wait_us_ = 0;  // arrival_us_ < 0: not traced
 };
 
