@@ -369,11 +369,12 @@ class environment {
 };
 
 /// Maps `f` over axis `Name` with one MPI process per index: JAX's pmap, with each rank as
-/// one device. Every process calls the returned function with the same arguments; a mapped
-/// argument is either the whole array (its extent along in_axes is the axis size, and
-/// process i takes slice i) or this process's own slice (extent 1). The axis size is the
-/// arguments' extent, else `axis_size`, else the number of processes. Every process
-/// receives the whole result, stacked along out_axes, as namedax::pmap returns it.
+/// one device. Every process calls the returned function. Mapped arguments are either the
+/// whole arrays (their extent along in_axes is the axis size; process i takes slice i, and
+/// every process receives the whole result, stacked along out_axes, as namedax::pmap
+/// returns it), or each process's own slice (extent 1; each process receives its own slice
+/// of the result, extent 1 along out_axes, as JAX's multi-process pmap). The axis size is
+/// the arguments' extent, else `axis_size`, else the number of processes.
 ///   namedax::mpi::pmap<"i">([](auto x) { return namedax::psum(x, "i"_ax); })(xt::arange<int>(4))  // {6, 6, 6, 6}
 template <fixed_string Name, std::size_t Extent = dynamic_extent, class F, class InAxes = int>
 auto pmap(F f, InAxes in_axes = 0, int out_axes = 0, std::size_t axis_size = 0) {
