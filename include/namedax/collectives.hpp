@@ -92,9 +92,9 @@ auto reduced_value(xt::xarray<T> sum, const xt::xarray<float>& divisor, float po
   constexpr axis_mask out_varying = Grouped ? (X::varying | reduced) : (X::varying & ~reduced);
   if constexpr (K == reduction::mean) {
     xt::xarray<R> mean = xt::cast<R>(sum) / (xt::cast<R>(divisor) * static_cast<R>(positional_count));
-    return make_named<shared_array<R>, Env, out_varying>(xt::make_xshared(std::move(mean)));
+    return make_named<shared_array<R>, Env, out_varying>(share_array<R>(std::move(mean)));
   } else {
-    return make_named<shared_array<R>, Env, out_varying>(xt::make_xshared(std::move(sum)));
+    return make_named<shared_array<R>, Env, out_varying>(share_array<R>(std::move(sum)));
   }
 }
 
@@ -340,7 +340,7 @@ auto collective_leaf(const X& x, type_list<Names...> names, Rule rule) {
     using R = typename decltype(out)::value_type;
     constexpr axis_mask names_mask = Env::template mask_of<Names...>();
     constexpr axis_mask varying = Invariant ? (X::varying & ~names_mask) : (X::varying | names_mask);
-    return make_named<shared_array<R>, Env, varying>(xt::make_xshared(std::move(out)));
+    return make_named<shared_array<R>, Env, varying>(share_array<R>(std::move(out)));
   }
 }
 
@@ -647,7 +647,7 @@ struct axis_index_fn {
         index.data()[flat] = static_cast<std::int32_t>(value);
       }
       return detail::make_named<detail::shared_array<std::int32_t>, Env, Env::template mask_of<Names...>()>(
-          xt::make_xshared(std::move(index)));
+          detail::share_array<std::int32_t>(std::move(index)));
     };
     return deferred<decltype(resolve), Names...>{resolve};
   }
@@ -799,7 +799,7 @@ struct pdot_fn {
     auto local = detail::dot_general<R>(name, bx, bx.shape.size() - Env::vectorized_count, by,
                                         by.shape.size() - Env::vectorized_count, pos_contract, pos_batch);
     constexpr axis_mask varying = detail::mask_of<X>() | detail::mask_of<Y>();
-    auto product = detail::make_named<detail::shared_array<R>, Env, varying>(xt::make_xshared(std::move(local)));
+    auto product = detail::make_named<detail::shared_array<R>, Env, varying>(detail::share_array<R>(std::move(local)));
     return psum(product, axes);
   }
 };
@@ -839,7 +839,7 @@ struct pgather_fn {
         ones.fill(1);
         xt::xarray<Index> scalar = xt::xarray<Index>::from_shape(ones);
         scalar.fill(idx);
-        return xt::make_xshared(std::move(scalar));
+        return detail::share_array<Index>(std::move(scalar));
       } else {
         return detail::payload_in<Env>(idx);
       }
@@ -852,7 +852,7 @@ struct pgather_fn {
     auto out = detail::pgather_rule<T, Index>(name, std::move(block), src_rank, axes, dims, index,
                                              index.shape.size() - Env::vectorized_count, idx_varies);
     constexpr axis_mask varying = (S::varying & ~names_mask) | detail::mask_of<I>();
-    return detail::make_named<detail::shared_array<T>, Env, varying>(xt::make_xshared(std::move(out)));
+    return detail::make_named<detail::shared_array<T>, Env, varying>(detail::share_array<T>(std::move(out)));
   }
 };
 inline constexpr pgather_fn pgather{};

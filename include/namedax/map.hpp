@@ -96,7 +96,7 @@ auto to_inner(const L& leaf) {
     ones.fill(1);
     xt::xarray<L> a = xt::xarray<L>::from_shape(ones);
     a.fill(leaf);
-    return make_named<shared_array<L>, Inner, 0>(xt::make_xshared(std::move(a)));
+    return make_named<shared_array<L>, Inner, 0>(share_array<L>(std::move(a)));
   } else {
     auto p = payload_in<Inner>(leaf);
     return make_named<decltype(p), Inner, mask_of<L>()>(std::move(p));

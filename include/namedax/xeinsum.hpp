@@ -128,7 +128,7 @@ struct xeinsum_fn {
     std::array<std::string_view, sizeof...(Xs)> subscripts{spec::template subscripts<K>...};
     auto product = detail::einsum_product<R>(name, blocks, subscripts, spec::output_subscripts, Env::vectorized_count);
     constexpr axis_mask varying = (detail::mask_of<decltype(std::get<K>(reduced))>() | ... | 0);
-    auto z = detail::make_named<detail::shared_array<R>, Env, varying>(xt::make_xshared(std::move(product)));
+    auto z = detail::make_named<detail::shared_array<R>, Env, varying>(detail::share_array<R>(std::move(product)));
     return detail::psum_over<contracted>(z);
   }
 

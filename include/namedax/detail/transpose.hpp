@@ -148,7 +148,7 @@ auto permute_positional(std::string_view verb, const X& x, const std::vector<int
   }
   auto out = xt::xarray<T>::from_shape(view.shape);
   copy_strided(view, out.data());
-  return make_named<shared_array<T>, Env, X::varying>(xt::make_xshared(std::move(out)));
+  return make_named<shared_array<T>, Env, X::varying>(share_array<T>(std::move(out)));
 }
 
 inline std::vector<int> inverse_permutation(const std::vector<std::size_t>& p) {
@@ -174,7 +174,7 @@ auto reshape_positional(std::string_view verb, const X& x, const std::vector<std
   std::vector<std::size_t> full = shape;
   full.insert(full.end(), a.shape().begin() + static_cast<std::ptrdiff_t>(rank), a.shape().end());
   a.reshape(full);
-  return make_named<shared_array<T>, Env, X::varying>(xt::make_xshared(std::move(a)));
+  return make_named<shared_array<T>, Env, X::varying>(share_array<T>(std::move(a)));
 }
 
 /// The transpose of a sum over positional `dims` of a value of positional shape `shape`:
@@ -196,7 +196,7 @@ auto broadcast_positional(const C& ct, const std::vector<std::size_t>& dims, con
   for (; next < b.shape.size(); ++next) view.shape.push_back(b.shape[next]), view.strides.push_back(b.strides[next]);
   auto out = xt::xarray<T>::from_shape(view.shape);
   copy_strided(view, out.data());
-  return make_named<shared_array<T>, Env, C::varying>(xt::make_xshared(std::move(out)));
+  return make_named<shared_array<T>, Env, C::varying>(share_array<T>(std::move(out)));
 }
 
 /// The positional rank of a named value or an xtensor expression.
@@ -222,7 +222,7 @@ auto local_dot(std::string_view verb, const A& a, const B& b, const dimension_pa
   auto bb = block_in_memory<TB>(pb, b_storage);
   auto local = dot_general<R>(verb, ba, ba.shape.size() - Env::vectorized_count, bb,
                               bb.shape.size() - Env::vectorized_count, contract, batch);
-  return make_named<shared_array<R>, Env, mask_of<A>() | mask_of<B>()>(xt::make_xshared(std::move(local)));
+  return make_named<shared_array<R>, Env, mask_of<A>() | mask_of<B>()>(share_array<R>(std::move(local)));
 }
 
 inline std::vector<std::size_t> canonical_dims(std::string_view verb, const std::vector<int>& dims, std::size_t rank,
