@@ -337,6 +337,19 @@ TEST_SUITE("errors") {
     // And the processes still work together afterwards.
     check_like_vmap([](auto x) { return namedax::psum(x, "i"_ax); }, 0, x);
   }
+  TEST_CASE("an MPI error becomes a namedax::error with MPI's own error string") {
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    namedax::mpi::detail::channel channel(comm);  // takes the communicator over
+    float in = 1, out = 0;
+    const std::string what = error_of([&] { channel.sendrecv(&in, 1000, &out, -1, sizeof(float)); });
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(MPI_ERR_RANK, text, &length);
+    CHECK_MESSAGE(what.find("namedax::mpi: MPI_Sendrecv failed: ") != std::string::npos, what);
+    CHECK_MESSAGE(what.find(std::string(text, static_cast<std::size_t>(length))) != std::string::npos, what);
+  }
   TEST_CASE("a process that throws: the others get a collective_error naming it, nobody hangs") {
     xt::xarray<float> x = xt::arange<float>(static_cast<float>(processes));
     auto f = [](auto x) {
