@@ -106,29 +106,50 @@ auto to_inner(const L& leaf) {
 template <class Inner, class L>
 inline constexpr axis_mask result_mask = decltype(to_inner<Inner>(std::declval<const L&>()))::varying;
 
+/// Where a map's output goes: its shape (a slab's, with the mapped axis of `count` inserted
+/// at out_axes), the strides of a slab's dims in it, and the step from one slab to the next.
+struct stacked_layout {
+  std::vector<std::size_t> shape;
+  std::vector<std::ptrdiff_t> slab_strides;
+  std::ptrdiff_t slot_step;
+};
+
+template <class Outer>
+stacked_layout stack_layout(std::string_view verb, std::string_view name, const std::vector<std::size_t>& slab,
+                            std::size_t count, int out_axes) {
+  const std::size_t positional = slab.size() - Outer::vectorized_count;
+  const std::size_t o = canonical_axis(verb, name, "out_axes", out_axes, positional + 1);
+  stacked_layout l{slab, {}, 0};
+  l.shape.insert(l.shape.begin() + static_cast<std::ptrdiff_t>(o), count);
+  l.slab_strides = row_major_strides(l.shape);
+  l.slot_step = l.slab_strides[o];
+  l.slab_strides.erase(l.slab_strides.begin() + static_cast<std::ptrdiff_t>(o));
+  return l;
+}
+
+/// The stacked array as the map's result: the array itself, or in an enclosing map a value
+/// of the outer environment that no longer varies along this map's axis.
+template <class Outer, axis_mask Varying, class T>
+auto stacked_result(xt::xarray<T> out) {
+  if constexpr (Outer::size == 0) {
+    return out;
+  } else {
+    constexpr axis_mask own_bit = axis_mask{1} << Outer::size;
+    return make_named<shared_array<T>, Outer, Varying & ~own_bit>(share_array(std::move(out)));
+  }
+}
+
 /// The map's output for one result leaf, from one slab per index of the mapped axis (each
 /// with the positional dims, then the outer environment's vectorized dims): the new axis
 /// goes to position out_axes, and the value keeps the outer environment.
 template <class Outer, axis_mask Varying, class T>
 auto map_output(std::string_view verb, std::string_view name, const std::vector<strided_block<T>>& slabs,
                 int out_axes) {
-  const auto& first = slabs.front().shape;
-  const std::size_t positional = first.size() - Outer::vectorized_count;
-  const std::size_t o = canonical_axis(verb, name, "out_axes", out_axes, positional + 1);
-  std::vector<std::size_t> shape = first;
-  shape.insert(shape.begin() + static_cast<std::ptrdiff_t>(o), slabs.size());
-  xt::xarray<T> out = xt::xarray<T>::from_shape(shape);
-  auto out_strides = row_major_strides(shape);
-  const std::ptrdiff_t slot_step = out_strides[o];
-  out_strides.erase(out_strides.begin() + static_cast<std::ptrdiff_t>(o));
+  const stacked_layout l = stack_layout<Outer>(verb, name, slabs.front().shape, slabs.size(), out_axes);
+  auto out = uninitialized_array<T>(l.shape);
   for (std::size_t d = 0; d < slabs.size(); ++d)
-    copy_strided(slabs[d], out.data() + static_cast<std::ptrdiff_t>(d) * slot_step, out_strides);
-  if constexpr (Outer::size == 0) {
-    return out;
-  } else {
-    constexpr axis_mask own_bit = axis_mask{1} << Outer::size;
-    return make_named<shared_array<T>, Outer, Varying & ~own_bit>(xt::make_xshared(std::move(out)));
-  }
+    copy_strided(slabs[d], out.data() + static_cast<std::ptrdiff_t>(d) * l.slot_step, l.slab_strides);
+  return stacked_result<Outer, Varying>(std::move(out));
 }
 
 /// Runs a map. `OnProcesses`: a process map (namedax::mpi::pmap), which splits the process
@@ -216,19 +237,22 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
   using result_type = decltype(call(0));
 
   if constexpr (P == placement::vectorized) {
-    frame_scope scope(frame{A::name, n, placement::vectorized, 0, nullptr});
+    frame_scope scope(frame{A::name, n, placement::vectorized, 0, nullptr, nullptr});
     auto result = call(0);
     return tree_map(result, [&](const auto& leaf) {
       auto named_leaf = to_inner<Inner>(leaf);
       using T = typename decltype(named_leaf)::value_type;
-      xt::xarray<T> storage;
-      strided_block<T> whole = block_in_memory<T>(named_leaf.payload(), storage);
-      // Slab d is index d of the last dimension (stride 0 where the value does not vary).
-      const std::ptrdiff_t step = whole.strides.back();
-      whole.shape.pop_back(), whole.strides.pop_back();
-      std::vector<strided_block<T>> slabs(n, whole);
-      for (std::size_t d = 0; d < n; ++d) slabs[d].data += static_cast<std::ptrdiff_t>(d) * step;
-      return map_output<Outer, decltype(named_leaf)::varying>(verb, A::name, slabs, out_axes);
+      // The payload's last dim is the mapped axis (size 1 where the value does not vary, and
+      // then broadcast): evaluated once, straight into the stacked layout.
+      const auto& payload = named_leaf.payload();
+      std::vector<std::size_t> shape(payload.shape().begin(), payload.shape().end());
+      shape.pop_back();
+      stacked_layout l = stack_layout<Outer>(verb, A::name, shape, n, out_axes);
+      shape.push_back(n);
+      l.slab_strides.push_back(l.slot_step);
+      auto out = uninitialized_array<T>(l.shape);
+      evaluate_into<T>(payload, shape, out.data(), l.slab_strides);
+      return stacked_result<Outer, decltype(named_leaf)::varying>(std::move(out));
     });
   } else {
     auto evaluate_leaves = [](const result_type& r) {

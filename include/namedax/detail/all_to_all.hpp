@@ -29,20 +29,39 @@ xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::s
   }
   const std::size_t block = tiled ? positional[concat] : 1;  // the length of one member's piece along concat
   if (tiled) positional[concat] *= g;
-  auto out = xt::xarray<T>::from_shape(frame.output_shape(positional, true));
+  auto out = uninitialized_array<T>(frame.output_shape(positional, true));
   const auto out_strides = row_major_strides(out.shape());
   std::vector<std::ptrdiff_t> slot_strides(out_strides.begin(), out_strides.end());
   if (!tiled) slot_strides.erase(slot_strides.begin() + static_cast<std::ptrdiff_t>(concat));
   const std::ptrdiff_t step = static_cast<std::ptrdiff_t>(block) * out_strides[concat];
 
+  auto piece_of = [&](strided_block<T> member, std::size_t p) {
+    return tiled ? chunk_of(std::move(member), split, p, chunk) : drop_dim(std::move(member), split, p);
+  };
+  // Vectorized without groups: the pieces of every member for every rank are one block with two
+  // dims more (member, then rank), moved by one copy in memory order.
+  if (auto members = members_as_block(frame, axes, groups, g)) {
+    std::vector<const T*> targets;
+    for (std::size_t rank = 0; rank < g; ++rank) targets.push_back(out.data() + frame.vectorized_offset(rank, out_strides, positional.size()));
+    if (const auto rank_step = even_spacing<T>(targets)) {
+      const std::ptrdiff_t member_step = members->strides.back();
+      members->shape.pop_back(), members->strides.pop_back();
+      strided_block<T> block = piece_of(*members, 0);
+      const std::ptrdiff_t piece_step = piece_of(*members, 1).data - block.data;
+      block.shape.insert(block.shape.end(), {g, g});
+      block.strides.insert(block.strides.end(), {member_step, piece_step});
+      slot_strides.insert(slot_strides.end(), {step, *rank_step});
+      copy_strided(block, out.data() + frame.vectorized_offset(0, out_strides, positional.size()), slot_strides);
+      frame.release();
+      return out;
+    }
+  }
   frame.for_each_owned(true, [&](std::size_t rank) {
     const std::size_t p = frame.groups().position_of[rank];
     const auto& group = frame.groups().members[frame.groups().group_of[rank]];
     T* base = out.data() + frame.vectorized_offset(rank, out_strides, positional.size());
-    for (std::size_t k = 0; k < group.size(); ++k) {
-      auto piece = tiled ? chunk_of(frame.member(group[k]), split, p, chunk) : drop_dim(frame.member(group[k]), split, p);
-      copy_strided(piece, base + static_cast<std::ptrdiff_t>(k) * step, slot_strides);
-    }
+    for (std::size_t k = 0; k < group.size(); ++k)
+      copy_strided(piece_of(frame.member(group[k]), p), base + static_cast<std::ptrdiff_t>(k) * step, slot_strides);
   });
   frame.release();
   return out;

@@ -22,7 +22,7 @@ xt::xarray<T> psum_scatter_rule(std::string_view verb, strided_block<T> in, std:
       chunk_length(verb, "scatter_dimension", scatter_dimension, positional[d], g, tiled, axes, groups.has_value());
   if (tiled) positional[d] = chunk;
   else positional.erase(positional.begin() + static_cast<std::ptrdiff_t>(d));
-  auto out = xt::xarray<T>::from_shape(frame.output_shape(positional, true));
+  auto out = uninitialized_array<T>(frame.output_shape(positional, true));
   const auto out_strides = row_major_strides(out.shape());
 
   std::vector<const T*> members;

@@ -72,7 +72,7 @@ std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, 
                                             frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
   // With groups the results differ per group, so the reduced vectorized dims stay whole.
   const bool varies = groups.has_value();
-  auto out = xt::xarray<T>::from_shape(frame.output_shape(positional, varies));
+  auto out = uninitialized_array<T>(frame.output_shape(positional, varies));
   // The divisor depends on the caller's group only: size 1 along every other dimension.
   auto divisor = xt::xarray<float>::from_shape(
       with_axis_dims(std::vector<std::size_t>(frame.in_shape().size(), 1), positional_rank, axes,
