@@ -255,8 +255,15 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
       return stacked_result<Outer, decltype(named_leaf)::varying>(std::move(out));
     });
   } else {
+    // Each device's result leaves, in memory: an array a collective returned is kept as it
+    // is (shared, not copied), anything else is evaluated.
     auto evaluate_leaves = [](const result_type& r) {
-      return tree_map(r, [](const auto& leaf) { return evaluate(to_inner<Inner>(leaf).payload()); });
+      return tree_map(r, [](const auto& leaf) {
+        const auto& payload = to_inner<Inner>(leaf).payload();
+        using P = std::remove_cvref_t<decltype(payload)>;
+        if constexpr (std::is_same_v<P, shared_array<typename P::value_type>>) return payload;
+        else return evaluate(payload);
+      });
     };
     using leaves_type = decltype(evaluate_leaves(std::declval<const result_type&>()));
     // Stacks every result leaf along the new axis from its slabs, one per index.

@@ -119,7 +119,8 @@ using shared_array = xt::xshared_expression<xt::xarray<T>>;
 /// Shares an array without copying it (xt::make_xshared copies its elements).
 template <class T>
 shared_array<T> share_array(xt::xarray<T>&& a) {
-  return shared_array<T>(std::make_shared<xt::xarray<T>>(std::move(a)));
+  // When the last copy goes, the array waits in its pool for the next output of its size.
+  return shared_array<T>(std::shared_ptr<xt::xarray<T>>(new xt::xarray<T>(std::move(a)), recycle_on_release<T>{}));
 }
 
 template <class E>

@@ -66,16 +66,15 @@ class array_pool {
   std::size_t bytes_ = 0;
 };
 
-/// An array of `shape` for a collective's output, its contents left over: a recycled one of
-/// the same size if one waits, else a new one.
+/// Takes a recycled array of `shape` (its contents left over) into `into`, if one of that
+/// size waits.
 template <class T, class Shape>
-xt::xarray<T> recycled_array(const Shape& shape) {
+bool reuse_array(const Shape& shape, xt::xarray<T>& into) {
   std::size_t count = 1;
   for (auto extent : shape) count *= static_cast<std::size_t>(extent);
-  xt::xarray<T> a;
-  if (!array_pool<T>::instance().take(count, a)) return xt::xarray<T>::from_shape(shape);
-  a.reshape(std::vector<std::size_t>(std::begin(shape), std::end(shape)));
-  return a;
+  if (!array_pool<T>::instance().take(count, into)) return false;
+  into.reshape(std::vector<std::size_t>(std::begin(shape), std::end(shape)));
+  return true;
 }
 
 /// Returns an array to its pool when the last shared copy of it goes away.

@@ -6,7 +6,6 @@
 // rule (reduction.hpp) then runs, one-shot.
 #pragma once
 
-#include <namedax/detail/buffers.hpp>
 #include <namedax/detail/collective_frame.hpp>
 
 #include <algorithm>
@@ -34,7 +33,7 @@ std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_among_threads(
     if (ax.place != placement::devices || !ax.varies || !find_frame(ax.name)->shared) return std::nullopt;
     names.push_back(ax.name);
   }
-  auto out = recycled_array<T>(in.shape);
+  auto out = uninitialized_array<T>(in.shape);
   struct buffers {
     const T* in;
     T* out;

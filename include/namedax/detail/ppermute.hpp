@@ -61,7 +61,7 @@ xt::xarray<T> ppermute_rule(std::string_view verb, strided_block<T> in, std::siz
   const auto from = senders(verb, axes, perm, frame.total());
   std::vector<std::size_t> positional(frame.in_shape().begin(),
                                       frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
-  auto out = xt::xarray<T>::from_shape(frame.output_shape(positional, true));
+  auto out = uninitialized_array<T>(frame.output_shape(positional, true));
   const auto out_strides = row_major_strides(out.shape());
   frame.for_each_owned(true, [&](std::size_t rank) {
     T* target = out.data() + frame.vectorized_offset(rank, out_strides, positional_rank);

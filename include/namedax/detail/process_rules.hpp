@@ -6,7 +6,6 @@
 // for the shared rule. Each returns nothing when its case does not apply; the rule then runs.
 #pragma once
 
-#include <namedax/detail/buffers.hpp>
 #include <namedax/detail/collective_frame.hpp>
 #include <namedax/detail/ppermute.hpp>
 
@@ -72,7 +71,7 @@ std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_across_process
     const std::optional<groups_t>& groups, fold_kind fold, const std::string& options = "") {
   auto call = whole_payloads<T>(verb, in, axes, groups, false, options);
   if (!call) return std::nullopt;
-  auto out = recycled_array<T>(call->in.shape);
+  auto out = uninitialized_array<T>(call->in.shape);
   call->channel->allreduce(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold);
   xt::xarray<float> divisor = xt::xarray<float>::from_shape(std::vector<std::size_t>(in.shape.size(), 1));
   divisor.fill(static_cast<float>(call->channel->size()));
@@ -91,7 +90,7 @@ std::optional<xt::xarray<T>> all_gather_across_processes(std::string_view verb, 
   const std::size_t g = call->channel->size();
   if (tiled) shape[0] *= g;
   else shape.insert(shape.begin(), g);
-  auto out = recycled_array<T>(shape);
+  auto out = uninitialized_array<T>(shape);
   call->channel->allgather(call->in.data, out.data(), element_count(call->in.shape) * sizeof(T));
   return out;
 }
@@ -112,7 +111,7 @@ std::optional<xt::xarray<T>> psum_scatter_across_processes(std::string_view verb
   const std::size_t g = call->channel->size();
   if (tiled) shape[0] /= g;
   else shape.erase(shape.begin());
-  auto out = recycled_array<T>(shape);
+  auto out = uninitialized_array<T>(shape);
   call->channel->reduce_scatter(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold_kind::sum);
   return out;
 }
@@ -129,7 +128,7 @@ std::optional<xt::xarray<T>> all_to_all_across_processes(std::string_view verb, 
                                 message(" with split_axis ", split_axis, " and concat_axis ", concat_axis,
                                         tiled ? ", tiled" : ""));
   if (!call) return std::nullopt;
-  auto out = recycled_array<T>(call->in.shape);  // chunk k of every member lands at k: same shape
+  auto out = uninitialized_array<T>(call->in.shape);  // chunk k of every member lands at k: same shape
   call->channel->alltoall(call->in.data, out.data(), out.size() / call->channel->size() * sizeof(T));
   return out;
 }
@@ -145,7 +144,7 @@ std::optional<xt::xarray<T>> ppermute_across_processes(std::string_view verb, co
   long to = -1;
   for (auto [source, destination] : perm)
     if (source == me) to = destination;
-  auto out = recycled_array<T>(call->in.shape);
+  auto out = uninitialized_array<T>(call->in.shape);
   if (from[static_cast<std::size_t>(me)] < 0) std::fill(out.begin(), out.end(), T{});
   call->channel->sendrecv(call->in.data, to, out.data(), from[static_cast<std::size_t>(me)], out.size() * sizeof(T));
   return out;
