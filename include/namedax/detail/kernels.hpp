@@ -14,8 +14,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <namedax/detail/buffers.hpp>
-
 #include <xtensor/xarray.hpp>
 
 #if defined(__linux__)
@@ -29,9 +27,7 @@ namespace namedax::detail {
 /// 4 KiB (about 0.2 s on virtual machines), against 32 of 2 MiB.
 template <class T, class Shape>
 xt::xarray<T> uninitialized_array(const Shape& shape) {
-  xt::xarray<T> a;
-  if (reuse_array(shape, a)) return a;  // pages already touched: no faults at all
-  a = xt::xarray<T>::from_shape(shape);
+  auto a = xt::xarray<T>::from_shape(shape);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr std::uintptr_t page = 4096, huge = std::uintptr_t{2} << 20;
   const auto begin = reinterpret_cast<std::uintptr_t>(a.data());
@@ -278,23 +274,33 @@ void copy_strided(const strided_block<S>& in, T* out, std::span<const std::ptrdi
                   });
     return;
   }
-  const std::size_t rows = nest.shape[across], cols = nest.shape.back();
-  const std::ptrdiff_t row_in = nest_in[across], row_out = nest_out[across];
-  const std::ptrdiff_t col_in = nest_in.back(), col_out = nest_out.back();
+  // A tile's inner loop runs along the dim whose strides on both sides are small: the lines
+  // it touches on the side that is walked again for the next outer index form one compact
+  // block that stays in cache. (Lines a power of two apart would share cache sets instead,
+  // and evict each other.)
+  struct walk {
+    std::size_t size;
+    std::ptrdiff_t in, out;
+  };
+  walk outer{nest.shape[across], nest_in[across], nest_out[across]};
+  walk inner{nest.shape.back(), nest_in.back(), nest_out.back()};
+  if (std::max(magnitude(outer.in), magnitude(outer.out)) < std::max(magnitude(inner.in), magnitude(inner.out)))
+    std::swap(outer, inner);
   nest.shape[across] = 1, nest.shape.back() = 1;
-  constexpr std::size_t tile = 32;
+  constexpr std::size_t tile = 64;
   for_each_line(nest.shape, nest_in, nest_out,
                 [&](std::ptrdiff_t i, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t is, std::ptrdiff_t os) {
                   for (std::size_t k = 0; k < n; ++k) {
                     const S* a = in.data + i + static_cast<std::ptrdiff_t>(k) * is;
                     T* b = out + o + static_cast<std::ptrdiff_t>(k) * os;
-                    for (std::size_t r0 = 0; r0 < rows; r0 += tile)
-                      for (std::size_t c0 = 0; c0 < cols; c0 += tile)
-                        for (std::size_t r = r0; r < std::min(rows, r0 + tile); ++r)
-                          for (std::size_t c = c0; c < std::min(cols, c0 + tile); ++c) {
-                            const auto rr = static_cast<std::ptrdiff_t>(r), cc = static_cast<std::ptrdiff_t>(c);
-                            b[rr * row_out + cc * col_out] = static_cast<T>(a[rr * row_in + cc * col_in]);
-                          }
+                    for (std::size_t u0 = 0; u0 < outer.size; u0 += tile)
+                      for (std::size_t v0 = 0; v0 < inner.size; v0 += tile)
+                        for (std::size_t u = u0; u < std::min(outer.size, u0 + tile); ++u) {
+                          const S* from = a + static_cast<std::ptrdiff_t>(u) * outer.in;
+                          T* to = b + static_cast<std::ptrdiff_t>(u) * outer.out;
+                          for (std::size_t v = v0; v < std::min(inner.size, v0 + tile); ++v)
+                            to[static_cast<std::ptrdiff_t>(v) * inner.out] = static_cast<T>(from[static_cast<std::ptrdiff_t>(v) * inner.in]);
+                        }
                   }
                 });
 }
