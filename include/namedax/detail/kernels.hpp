@@ -14,6 +14,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <namedax/detail/buffers.hpp>
+
 #include <xtensor/xarray.hpp>
 
 #if defined(__linux__)
@@ -27,7 +29,9 @@ namespace namedax::detail {
 /// 4 KiB (about 0.2 s on virtual machines), against 32 of 2 MiB.
 template <class T, class Shape>
 xt::xarray<T> uninitialized_array(const Shape& shape) {
-  auto a = xt::xarray<T>::from_shape(shape);
+  xt::xarray<T> a;
+  if (reuse_array(shape, a)) return a;  // pages already touched: no faults at all
+  a = xt::xarray<T>::from_shape(shape);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr std::uintptr_t page = 4096, huge = std::uintptr_t{2} << 20;
   const auto begin = reinterpret_cast<std::uintptr_t>(a.data());
