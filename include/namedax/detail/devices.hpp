@@ -104,7 +104,7 @@ void run_devices(std::string_view name, std::size_t n, Body&& body) {
     auto record = state->records[d];
     {
       std::vector<frame> stack = parent;
-      stack.push_back(frame{name, n, placement::devices, d, shared});
+      stack.push_back(frame{name, n, placement::devices, d, shared, nullptr});
       frame_scope scope(std::move(stack), record);
       try {
         body(d);
