@@ -42,19 +42,17 @@ std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_among_threads(
                             collective_call{verb, describe_axes(axes), "", message(in.shape), dtype_name<T>()});
   const std::size_t n = exchange.size(), r = exchange.rank();
   auto member = [&](std::size_t m) { return static_cast<const buffers*>(exchange.slot(m)); };
-  // A block at a time, so that the partial sums stay in cache while the members are added
-  // and while the result is copied out.
-  constexpr std::size_t block = 8192;
-  for (std::size_t lo = r * count / n, end = (r + 1) * count / n; lo < end; lo += block) {
-    const std::size_t length = std::min(block, end - lo);
-    T* target = out.data() + lo;
-    std::copy_n(member(0)->in + lo, length, target);
-    for (std::size_t m = 1; m < n; ++m) {
-      const T* source = member(m)->in + lo;
-      for (std::size_t k = 0; k < length; ++k) target[k] = op(target[k], source[k]);
-    }
+  // Chunk r, folded by the rule's own loop in pieces that stay in cache while they are then
+  // copied into the other members' outputs.
+  constexpr std::size_t piece = std::size_t{1} << 16;
+  const std::ptrdiff_t unit[] = {1};
+  std::vector<const T*> sources(n);
+  for (std::size_t lo = r * count / n, end = (r + 1) * count / n; lo < end; lo += piece) {
+    const std::size_t length[] = {std::min(piece, end - lo)};
+    for (std::size_t m = 0; m < n; ++m) sources[m] = member(m)->in + lo;
+    fold_members<T>(sources, length, unit, out.data() + lo, unit, op);
     for (std::size_t m = 0; m < n; ++m)
-      if (m != r) std::copy_n(target, length, member(m)->out + lo);
+      if (m != r) std::copy_n(out.data() + lo, length[0], member(m)->out + lo);
   }
   exchange.release();
   xt::xarray<float> divisor = xt::xarray<float>::from_shape(std::vector<std::size_t>(in.shape.size(), 1));
