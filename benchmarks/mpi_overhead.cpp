@@ -73,7 +73,7 @@ measured measure(const std::string& collective, std::size_t floats, std::size_t 
       MPI_Sendrecv(in.data(), count, MPI_FLOAT, next, 0, out.data(), count, MPI_FLOAT, previous, 0, MPI_COMM_WORLD,
                    MPI_STATUS_IGNORE);
   };
-  measured m{slowest_process_time(raw, bytes), 0};
+  measured m{1e30, 1e30};
 
   std::vector<std::pair<int, int>> ring;
   for (int k = 0; k < np; ++k) ring.emplace_back(k, (k + 1) % np);
@@ -88,7 +88,11 @@ measured measure(const std::string& collective, std::size_t floats, std::size_t 
       else if (collective == "all_to_all") namedax::eval(namedax::all_to_all(x, "i"_ax, 0, 0, {.tiled = true}));
       else namedax::eval(namedax::ppermute(x, "i"_ax, ring));
     };
-    m.namedax = slowest_process_time(call, bytes);
+    // Raw and namedax in turns, the best of each: the machine's drift hits both alike.
+    for (int round = 0; round < 3; ++round) {
+      m.raw = std::min(m.raw, slowest_process_time(raw, bytes));
+      m.namedax = std::min(m.namedax, slowest_process_time(call, bytes));
+    }
     return x;
   })(mine);
   return m;
