@@ -308,7 +308,8 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
         using T = std::remove_cvref_t<decltype(*mine_block.data)>;
         if (own_slices) return std::vector<strided_block<T>>{mine_block};
         const std::size_t count = element_count(mine_block.shape);
-        auto all = std::make_shared<xt::xarray<T>>(xt::xarray<T>::from_shape({n * count}));
+        std::shared_ptr<xt::xarray<T>> all(new xt::xarray<T>(uninitialized_array<T>(std::array{n * count})),
+                                           recycle_on_release<T>{});
         channel.allgather(mine_block.data, all->data(), count * sizeof(T));
         gathered.push_back(all);
         std::vector<strided_block<T>> slabs(n, {all->data(), mine_block.shape, row_major_strides(mine_block.shape)});

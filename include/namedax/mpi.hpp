@@ -184,7 +184,7 @@ inline std::uint64_t fingerprint(std::string_view text) {
 /// The process axes of the enclosing process maps. The world rank is, row-major, the indices
 /// along them and then this process's place in its block (the processes of one index of the
 /// innermost axis, which an inner process map splits further).
-class grid final : public process_grid, public std::enable_shared_from_this<grid> {
+class grid final : public process_grid {
  public:
   struct axis {
     std::string name;

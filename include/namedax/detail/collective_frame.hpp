@@ -100,6 +100,32 @@ inline process_grid& innermost_process_grid() {
   return *it->processes;
 }
 
+/// The number of members of a collective over `axes`: the product of their sizes.
+inline std::size_t member_count(std::span<const named_axis> axes) {
+  std::size_t total = 1;
+  for (const auto& ax : axes) total *= ax.size;
+  return total;
+}
+
+/// Makes `in` row-major, copying it into `storage` when it is not: other devices and
+/// processes read a payload with one set of strides.
+template <class T>
+void make_row_major(strided_block<T>& in, xt::xarray<T>& storage) {
+  if (in.strides == row_major_strides(in.shape)) return;
+  storage = xt::xarray<T>::from_shape(in.shape);
+  copy_strided(in, storage.data());
+  in.data = storage.data();
+  in.strides = row_major_strides(in.shape);
+}
+
+/// A collective call as devices and processes compare it: `options` in the user's words.
+template <class T>
+collective_call call_of(std::string_view verb, std::span<const named_axis> axes, const std::string& options,
+                        const std::optional<groups_t>& groups, std::span<const std::size_t> shape) {
+  return {verb, describe_axes(axes), message(options, groups ? message(" with groups ", *groups) : std::string()),
+          message(std::vector<std::size_t>(shape.begin(), shape.end())), dtype_name<T>()};
+}
+
 /// Payload shape with the dims of the vectorized `axes` set to `size_of(axis)`.
 template <class Size>
 std::vector<std::size_t> with_axis_dims(std::vector<std::size_t> shape, std::size_t positional_rank,
@@ -119,8 +145,7 @@ class collective_frame {
                    std::span<const named_axis> axes, const std::optional<groups_t>& groups, bool equal_groups,
                    const std::string& options)
       : axes_(axes.begin(), axes.end()), in_(std::move(in)), positional_rank_(positional_rank) {
-    total_ = 1;
-    for (const auto& ax : axes_) total_ *= ax.size;
+    total_ = member_count(axes_);
     groups_ = make_groups(verb, axes_, groups, total_, equal_groups);
     member_shape_ = with_axis_dims(in_.shape, positional_rank_, axes_, [](const named_axis&) { return std::size_t{1}; });
 
@@ -131,16 +156,8 @@ class collective_frame {
       if (ax.place == placement::devices && ax.varies)
         (find_frame(ax.name)->processes ? across_processes : exchanged).push_back(ax.name);
     if (exchanged.empty() && across_processes.empty()) return;
-    if (in_.strides != row_major_strides(in_.shape)) {
-      // Devices read each other's buffers with one set of strides: make this one row-major.
-      contiguous_ = xt::xarray<T>::from_shape(in_.shape);
-      copy_strided(in_, contiguous_.data());
-      in_.data = contiguous_.data();
-      in_.strides = row_major_strides(in_.shape);
-    }
-    collective_call call{verb, describe_axes(axes_),
-                         message(options, groups ? message(" with groups ", *groups) : std::string()),
-                         message(in_.shape), dtype_name<T>()};
+    make_row_major(in_, contiguous_);
+    collective_call call = call_of<T>(verb, axes_, options, groups, in_.shape);
     if (across_processes.empty())
       exchange_.emplace(join(exchanged), in_.data, std::move(call), element_count(in_.shape) * sizeof(T));
     else gather_from_processes(verb, across_processes, std::move(call));

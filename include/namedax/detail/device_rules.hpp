@@ -38,8 +38,7 @@ std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_among_threads(
     const T* in;
     T* out;
   } mine{in.data, out.data()};
-  pointer_exchange exchange(join(names), &mine,
-                            collective_call{verb, describe_axes(axes), "", message(in.shape), dtype_name<T>()});
+  pointer_exchange exchange(join(names), &mine, call_of<T>(verb, axes, "", std::nullopt, in.shape));
   const std::size_t n = exchange.size(), r = exchange.rank();
   auto member = [&](std::size_t m) { return static_cast<const buffers*>(exchange.slot(m)); };
   // Chunk r, folded by the rule's own loop in pieces that stay in cache while they are then

@@ -9,7 +9,6 @@
 #include <namedax/detail/collective_frame.hpp>
 #include <namedax/detail/ppermute.hpp>
 
-#include <cstring>
 #include <optional>
 
 namespace namedax::detail {
@@ -19,7 +18,6 @@ namespace namedax::detail {
 template <class T>
 struct process_call {
   process_channel* channel = nullptr;
-  group_layout groups;
   strided_block<T> in;
   xt::xarray<T> contiguous;
 };
@@ -38,18 +36,12 @@ std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_blo
                                               bool equal_groups, const std::string& options) {
   if (!placed_on_processes(axes)) return std::nullopt;
   std::vector<std::string_view> names;
-  std::size_t total = 1;
-  for (const auto& ax : axes) names.push_back(ax.name), total *= ax.size;
-  process_call<T> call{nullptr, make_groups(verb, axes, groups, total, equal_groups), std::move(in), {}};
-  if (call.in.strides != row_major_strides(call.in.shape)) {
-    call.contiguous = xt::xarray<T>::from_shape(call.in.shape);
-    copy_strided(call.in, call.contiguous.data());
-    call.in = block_of(call.contiguous);
-  }
+  for (const auto& ax : axes) names.push_back(ax.name);
+  (void)make_groups(verb, axes, groups, member_count(axes), equal_groups);  // throws on bad groups
+  process_call<T> call{nullptr, std::move(in), {}};
+  make_row_major(call.in, call.contiguous);
   process_grid& grid = innermost_process_grid();
-  const collective_call signature{verb, describe_axes(axes),
-                                  message(options, groups ? message(" with groups ", *groups) : std::string()),
-                                  message(call.in.shape), dtype_name<T>()};
+  const collective_call signature = call_of<T>(verb, axes, options, groups, call.in.shape);
   grid.agree(signature.signature(), message("namedax::", verb, " over ", signature.axes));
   call.channel = &grid.channel(names, groups ? &*groups : nullptr);
   return call;
@@ -58,8 +50,7 @@ std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_blo
 /// Whether positional dim 0 of length `length` splits into one chunk per group member.
 inline bool groups_divide(std::size_t length, std::span<const named_axis> axes, const std::optional<groups_t>& groups,
                           bool tiled) {
-  std::size_t g = 1;
-  for (const auto& ax : axes) g *= ax.size;
+  std::size_t g = member_count(axes);
   if (groups && !groups->empty()) g = groups->front().size();
   return g > 0 && (tiled ? length % g == 0 : length == g);
 }
@@ -139,7 +130,7 @@ std::optional<xt::xarray<T>> ppermute_across_processes(std::string_view verb, co
                                                        std::span<const named_axis> axes, const permutation_t& perm) {
   auto call = whole_payloads<T>(verb, in, axes, std::nullopt, false, message(" with pairs ", perm));
   if (!call) return std::nullopt;
-  const auto from = senders(verb, axes, perm, call->groups.members.front().size());
+  const auto from = senders(verb, axes, perm, member_count(axes));
   const auto me = static_cast<long>(call->channel->rank());
   long to = -1;
   for (auto [source, destination] : perm)
