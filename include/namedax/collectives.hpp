@@ -117,7 +117,6 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     using Env = typename X::env_type;
     require_bound<Verb, Env, Names...>();
     using T = accumulate_t<K, typename X::value_type>;
-    using R = reduction_result_t<K, typename X::value_type>;
     auto op = reduction_op<K>();
 
     xt::xarray<T> storage;
