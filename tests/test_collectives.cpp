@@ -5,6 +5,10 @@
 
 #include <boost/hana/define_struct.hpp>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
+
 using namespace namedax::literals;
 using namedax_test::both_modes;
 using namedax_test::error_of;
@@ -369,6 +373,78 @@ TEST_SUITE("vectorized fast paths") {
           if (few_devices) CHECK_BITWISE(vn, namedax::pmap<"i">(normalize, at, at)(x));
           for (std::size_t i = 0; i < shape[axis]; ++i)
             CHECK_BITWISE(slice_along(vn, axis, i), xt::xarray<T>(slice_along(x, axis, i) / sum));
+        }
+      }
+  }
+
+  // The SIMD folds against a naive loop: axis sizes and element counts that no batch width
+  // divides, NaN of either sign at the first, a middle and the last member (the last one past
+  // the members that fill whole batches) and in the elements past the last whole batch, two
+  // NaNs in one element (the later wins), +0 and -0 ties, integers of two widths; the named
+  // axis first, in the middle and last.
+  template <class T>
+  T naive_max(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(b)) return b;
+      if (std::isnan(a)) return a;
+    }
+    return a < b ? b : a;
+  }
+  template <class T>
+  T naive_min(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(b)) return b;
+      if (std::isnan(a)) return a;
+    }
+    return b < a ? b : a;
+  }
+  template <class T>
+  bool same_or_both_nan(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a) && std::isnan(b)) return true;
+    }
+    return std::memcmp(&a, &b, sizeof(T)) == 0;
+  }
+
+  TEST_CASE_TEMPLATE("psum, pmax and pmin of odd sizes with NaN anywhere match a naive loop and pmap", T, float,
+                     double, std::int32_t, std::int16_t) {
+    std::mt19937 rng(11);
+    const std::size_t rows = 3, cols = 13, elements = rows * cols;
+    for (std::size_t n : {3u, 5u, 9u, 17u})
+      for (std::size_t axis = 0; axis < 3; ++axis) {
+        INFO("axis size ", n, ", named axis at ", axis);
+        // The members along the first dimension, then moved to position `axis`.
+        xt::xarray<T> front = namedax_test::random_array<T>(rng, {n, rows, cols});
+        auto at = [&](std::size_t member, std::size_t element) -> T& { return front.data()[member * elements + element]; };
+        if constexpr (std::is_floating_point_v<T>) {
+          const T nan = std::numeric_limits<T>::quiet_NaN();
+          at(0, 0) = nan;
+          at(n / 2, 1) = -nan;
+          at(n - 1, elements - 1) = -nan;
+          at(1, elements - 2) = nan, at(n - 1, elements - 2) = -nan;
+          for (std::size_t i = 0; i < n; ++i) at(i, 5) = i % 2 ? T(0) : -T(0), at(i, 6) = i % 2 ? -T(0) : T(0);
+        }
+        const std::vector<std::size_t> order = axis == 0 ? std::vector<std::size_t>{0, 1, 2}
+                                               : axis == 1 ? std::vector<std::size_t>{1, 0, 2}
+                                                           : std::vector<std::size_t>{1, 2, 0};
+        const xt::xarray<T> x = xt::transpose(front, order);
+        auto reduce = [](auto v) { return std::tuple{namedax::psum(v, "i"_ax), namedax::pmax(v, "i"_ax), namedax::pmin(v, "i"_ax)}; };
+        const int in_axis = static_cast<int>(axis);
+        auto [vs, vmax, vmin] = namedax::vmap<"i">(reduce, in_axis, 0)(x);
+        auto [ps, pmax, pmin] = namedax::pmap<"i">(reduce, in_axis, 0)(x);
+        CHECK_BITWISE(vmax, pmax);
+        CHECK_BITWISE(vmin, pmin);
+        for (std::size_t e = 0; e < elements; ++e) {
+          T sum = at(0, e), largest = at(0, e), smallest = at(0, e);
+          for (std::size_t i = 1; i < n; ++i)
+            sum = static_cast<T>(sum + at(i, e)), largest = naive_max(largest, at(i, e)), smallest = naive_min(smallest, at(i, e));
+          for (std::size_t i = 0; i < n; ++i) {
+            INFO("element ", e, ", index ", i);
+            CHECK(same_or_both_nan(vs.data()[i * elements + e], sum));
+            CHECK(same_or_both_nan(ps.data()[i * elements + e], sum));
+            CHECK(std::memcmp(&vmax.data()[i * elements + e], &largest, sizeof(T)) == 0);
+            CHECK(std::memcmp(&vmin.data()[i * elements + e], &smallest, sizeof(T)) == 0);
+          }
         }
       }
   }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -12,11 +13,13 @@
 #include <optional>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <namedax/detail/buffers.hpp>
 
 #include <xtensor/xarray.hpp>
+#include <xsimd/xsimd.hpp>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -36,13 +39,27 @@ xt::xarray<T> uninitialized_array(const Shape& shape) {
   constexpr std::uintptr_t page = 4096, huge = std::uintptr_t{2} << 20;
   const auto begin = reinterpret_cast<std::uintptr_t>(a.data());
   const std::uintptr_t end = begin + a.size() * sizeof(T);
-  const std::uintptr_t first = (begin + page - 1) & ~(page - 1);
-  if (end > first + 2 * huge) madvise(reinterpret_cast<void*>(first), (end - first) & ~(page - 1), MADV_HUGEPAGE);
+  // From the page that holds the first element: where the kernel aligned malloc's mapping to
+  // 2 MiB, the block starts a few bytes into it, and a range from the next page would leave
+  // that whole first 2 MiB to 512 faults of 4 KiB.
+  const std::uintptr_t first = begin & ~(page - 1);
+  if (end > first + 2 * huge) madvise(reinterpret_cast<void*>(first), (end - first + page - 1) & ~(page - 1), MADV_HUGEPAGE);
 #endif
   return a;
 }
 
+/// Whether xsimd has batches of T for the architecture the code is compiled for (bool is
+/// left to scalar loops: its batches do not do arithmetic).
+template <class T>
+inline constexpr bool has_batch =
+    !std::is_same_v<T, bool> && xsimd::types::has_simd_register<T, xsimd::default_arch>::value;
+
+// Each operation on two scalars, and on two batches (the kernels' SIMD loops). The batch form
+// gives the scalar form's bits lane by lane, except where the second operand holds a NaN:
+// `checks_nan` operations leave that to the kernels, which redo such lanes with the scalar
+// form, so that the common case is one instruction instead of a chain of selects.
 struct sum_op {
+  static constexpr bool checks_nan = false;
   template <class T>
   T operator()(T a, T b) const { return static_cast<T>(a + b); }
 };
@@ -50,21 +67,147 @@ struct sum_op {
 // are false), a new one replaces the result. Written as selects, without an early return, so
 // that loops over them vectorize.
 struct max_op {
+  static constexpr bool checks_nan = true;
   template <class T>
   T operator()(T a, T b) const {
     const T larger = a < b ? b : a;
     if constexpr (std::is_floating_point_v<T>) return b != b ? b : larger;
     else return larger;
   }
+  template <class T, class A>
+  xsimd::batch<T, A> operator()(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) const {
+#if XSIMD_WITH_SSE2
+    return xsimd::max(b, a);  // maxps(b, a) is `b > a ? b : a`, ties (+0, -0) and a NaN in a included
+#else
+    return xsimd::select(a < b, b, a);
+#endif
+  }
 };
 struct min_op {
+  static constexpr bool checks_nan = true;
   template <class T>
   T operator()(T a, T b) const {
     const T smaller = b < a ? b : a;
     if constexpr (std::is_floating_point_v<T>) return b != b ? b : smaller;
     else return smaller;
   }
+  template <class T, class A>
+  xsimd::batch<T, A> operator()(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) const {
+#if XSIMD_WITH_SSE2
+    return xsimd::min(b, a);  // minps(b, a) is `b < a ? b : a`
+#else
+    return xsimd::select(b < a, b, a);
+#endif
+  }
 };
+
+/// Lanes of `b` that the batch form of `op` may get wrong (NaN), when it has any.
+template <class Op, class B>
+auto nan_lanes(const B& b) {
+  if constexpr (Op::checks_nan && std::is_floating_point_v<typename B::value_type>) return xsimd::isnan(b);
+  else return typename B::batch_bool_type(false);
+}
+
+/// Whether W batches of W lanes of T can be transposed in registers: interleaves do it for
+/// 16-byte registers; wider ones interleave each 16-byte half apart (there scalar loops run).
+template <class T>
+inline constexpr bool transposes_in_batches = has_batch<T> && xsimd::batch<T>::size * sizeof(T) == 16;
+
+/// Transposes W batches of W lanes: log2(W) rounds of interleaving rows g and g + W/2.
+template <class B>
+void transpose_batches(std::array<B, B::size>& r) {
+  constexpr std::size_t W = B::size;
+  [&]<std::size_t... G>(std::index_sequence<G...>) {
+    for (std::size_t round = 1; round < W; round *= 2)
+      r = std::array<B, W>{(G % 2 == 0 ? xsimd::zip_lo(r[G / 2], r[G / 2 + W / 2]) : xsimd::zip_hi(r[G / 2], r[G / 2 + W / 2]))...};
+  }(std::make_index_sequence<W>{});
+}
+
+/// The W batches at `at + g * row` for g < W.
+template <class B, class T>
+std::array<B, B::size> load_rows(const T* at, std::ptrdiff_t row) {
+  return [&]<std::size_t... G>(std::index_sequence<G...>) {
+    return std::array<B, B::size>{B::load_unaligned(at + static_cast<std::ptrdiff_t>(G) * row)...};
+  }(std::make_index_sequence<B::size>{});
+}
+
+/// b[k] = op(b[k], a[k]) for k < n, contiguous: four batches at a time, redone with the scalar
+/// form when their `a` holds a NaN (rare: one test per four batches), and the scalar form for
+/// the tail.
+template <class T, class Op>
+void fold_line(T* b, const T* a, std::size_t n, Op op) {
+  std::size_t k = 0;
+  if constexpr (has_batch<T>) {
+    using B = xsimd::batch<T>;
+    constexpr std::size_t step = 4 * B::size;
+    for (; k + step <= n; k += step) {
+      const std::array<B, 4> y{B::load_unaligned(a + k), B::load_unaligned(a + k + B::size),
+                               B::load_unaligned(a + k + 2 * B::size), B::load_unaligned(a + k + 3 * B::size)};
+      if (xsimd::any(nan_lanes<Op>(y[0]) | nan_lanes<Op>(y[1]) | nan_lanes<Op>(y[2]) | nan_lanes<Op>(y[3]))) {
+        for (std::size_t l = k; l < k + step; ++l) b[l] = op(b[l], a[l]);
+        continue;
+      }
+      for (std::size_t j = 0; j < 4; ++j) op(B::load_unaligned(b + k + j * B::size), y[j]).store_unaligned(b + k + j * B::size);
+    }
+  }
+  for (; k < n; ++k) b[k] = op(b[k], a[k]);
+}
+
+/// out[k * out_step] = the fold of in[k * stride + 0 .. count-1] in member order, for k < n:
+/// each element's members are adjacent (the named axis is the innermost dimension). With
+/// 16-byte batches of W lanes, W elements at a time: W members of each are loaded as W
+/// batches and transposed, so that lane g holds element g and the fold runs on whole batches,
+/// member after member, with the scalar loop's bits. (The transposition is interleaves, which
+/// wider registers do per 16-byte half; there the scalar loop runs.) A block with a NaN, for a
+/// `checks_nan` operation, is redone by the scalar loop.
+template <class T, class Op>
+void fold_adjacent(const T* in, std::ptrdiff_t stride, std::size_t n, std::size_t count, T* out,
+                   std::ptrdiff_t out_step, Op op) {
+  auto scalar = [&](std::size_t k) {
+    const T* a = in + static_cast<std::ptrdiff_t>(k) * stride;
+    T acc = a[0];
+    for (std::size_t m = 1; m < count; ++m) acc = op(acc, a[m]);
+    out[static_cast<std::ptrdiff_t>(k) * out_step] = acc;
+  };
+  std::size_t k = 0;
+  if constexpr (transposes_in_batches<T>) {
+    using B = xsimd::batch<T>;
+    constexpr std::size_t W = B::size;
+    for (; count >= W && k + W <= n; k += W) {
+      const T* a = in + static_cast<std::ptrdiff_t>(k) * stride;
+      B acc;
+      auto nan = typename B::batch_bool_type(false);
+      std::size_t m = 0;
+      for (; m + W <= count; m += W) {
+        auto r = load_rows<B>(a + m, stride);
+        transpose_batches(r);
+        [&]<std::size_t... G>(std::index_sequence<G...>) {
+          ((nan = nan | nan_lanes<Op>(r[G])), ...);
+          ((acc = G == 0 && m == 0 ? r[G] : op(acc, r[G])), ...);
+        }(std::make_index_sequence<W>{});
+      }
+      const bool redo = xsimd::any(nan);
+      if (!redo && m == count && out_step == 1) {
+        acc.store_unaligned(out + k);
+        continue;
+      }
+      // A NaN, members left over or a strided output: finish lane by lane.
+      alignas(16) std::array<T, W> lanes;
+      acc.store_aligned(lanes.data());
+      for (std::size_t g = 0; g < W; ++g) {
+        if (redo) {
+          scalar(k + g);
+          continue;
+        }
+        const T* e = a + static_cast<std::ptrdiff_t>(g) * stride;
+        T v = lanes[g];
+        for (std::size_t j = m; j < count; ++j) v = op(v, e[j]);
+        out[static_cast<std::ptrdiff_t>(k + g) * out_step] = v;
+      }
+    }
+  }
+  for (; k < n; ++k) scalar(k);
+}
 
 /// Calls `line(in, out, length, in_step, out_step)` for each innermost line of `shape`.
 /// Dimensions of size 1 are dropped first, so that a trailing one never makes lines of length 1.
@@ -169,24 +312,20 @@ void fold_members(std::span<const T* const> members, std::span<const std::size_t
   const auto gather_groups = [&](std::ptrdiff_t is) {
     return spacing && (is == 0 || (*spacing < 0 ? -*spacing : *spacing) < (is < 0 ? -is : is));
   };
-  // Otherwise a member at a time over tiles of a line, so that the partial results stay in the
-  // second-level cache while every member is added; long enough for the prefetcher to stream.
-  constexpr std::size_t tile = std::size_t{1} << 16;
+  // Otherwise a member at a time over tiles of a line, so that the partial results (2 MiB) stay
+  // in cache while every member is added; long, since each member's stream restarts the
+  // prefetcher at every tile (tiles of 256 KiB made a 64 MiB psum 1.5 times slower).
+  constexpr std::size_t tile = (std::size_t{2} << 20) / sizeof(T);
   for_each_line(nest.shape, nest_in, nest_out,
                 [&](std::ptrdiff_t i, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t is, std::ptrdiff_t os) {
                   if (gather_groups(is)) {
-                    auto fold_groups = [&](auto step) {
-                      for (std::size_t k = 0; k < n; ++k) {
-                        const T* a = first + i + static_cast<std::ptrdiff_t>(k) * is;
-                        T acc = a[0];
-                        for (std::size_t m = 1; m < members.size(); ++m) acc = op(acc, a[static_cast<std::ptrdiff_t>(m) * step]);
-                        out[o + static_cast<std::ptrdiff_t>(k) * os] = acc;
-                      }
-                    };
-                    // Adjacent members, the usual case, with the step known to the compiler: with a
-                    // runtime step g++ 12 compiles max_op's selects into a loop four times slower.
-                    if (*spacing == 1) fold_groups(std::integral_constant<std::ptrdiff_t, 1>{});
-                    else fold_groups(*spacing);
+                    if (*spacing == 1) return fold_adjacent(first + i, is, n, members.size(), out + o, os, op);
+                    for (std::size_t k = 0; k < n; ++k) {
+                      const T* a = first + i + static_cast<std::ptrdiff_t>(k) * is;
+                      T acc = a[0];
+                      for (std::size_t m = 1; m < members.size(); ++m) acc = op(acc, a[static_cast<std::ptrdiff_t>(m) * *spacing]);
+                      out[o + static_cast<std::ptrdiff_t>(k) * os] = acc;
+                    }
                     return;
                   }
                   for (std::size_t start = 0; start < n; start += tile) {
@@ -199,8 +338,8 @@ void fold_members(std::span<const T* const> members, std::span<const std::size_t
                         std::copy(a, a + len, b);
                       else if (m == 0)
                         for (std::size_t k = 0; k < len; ++k) b[k * os] = a[k * is];
-                      else if (is == 1 && os == 1)  // the common case, kept simple so that it vectorizes
-                        for (std::size_t k = 0; k < len; ++k) b[k] = op(b[k], a[k]);
+                      else if (is == 1 && os == 1)  // the common case
+                        fold_line(b, a, len, op);
                       else
                         for (std::size_t k = 0; k < len; ++k) b[k * os] = op(b[k * os], a[k * is]);
                     }
@@ -251,6 +390,32 @@ auto block_of(const E& e) {
   return b;
 }
 
+/// to[p * to_row + q] = from[q * from_row + p] for p < ps, q < qs: W x W blocks loaded as W
+/// batches along p, transposed, stored as W batches along q; the edges element by element.
+template <class T>
+void transpose_tile(const T* from, std::ptrdiff_t from_row, T* to, std::ptrdiff_t to_row, std::size_t ps, std::size_t qs) {
+  using B = xsimd::batch<T>;
+  constexpr std::size_t W = B::size;
+  auto one = [&](std::size_t p, std::size_t q) {
+    to[static_cast<std::ptrdiff_t>(p) * to_row + static_cast<std::ptrdiff_t>(q)] =
+        from[static_cast<std::ptrdiff_t>(q) * from_row + static_cast<std::ptrdiff_t>(p)];
+  };
+  std::size_t p0 = 0;
+  for (; p0 + W <= ps; p0 += W) {
+    std::size_t q0 = 0;
+    for (; q0 + W <= qs; q0 += W) {
+      auto r = load_rows<B>(from + static_cast<std::ptrdiff_t>(q0) * from_row + static_cast<std::ptrdiff_t>(p0), from_row);
+      transpose_batches(r);
+      for (std::size_t g = 0; g < W; ++g)
+        r[g].store_unaligned(to + static_cast<std::ptrdiff_t>(p0 + g) * to_row + static_cast<std::ptrdiff_t>(q0));
+    }
+    for (std::size_t p = p0; p < p0 + W; ++p)
+      for (std::size_t q = q0; q < qs; ++q) one(p, q);
+  }
+  for (; p0 < ps; ++p0)
+    for (std::size_t q = 0; q < qs; ++q) one(p0, q);
+}
+
 /// Copies (converting to `T`) a strided block to `out`, laid out with `out_strides`. Lines
 /// follow the output; when the input is contiguous along another dimension (a transposition,
 /// such as stacking slabs along a new leading axis) the two are walked in square tiles, so
@@ -292,11 +457,26 @@ void copy_strided(const strided_block<S>& in, T* out, std::span<const std::ptrdi
     std::swap(outer, inner);
   nest.shape[across] = 1, nest.shape.back() = 1;
   constexpr std::size_t tile = 64;
+  // Read contiguously along one walk and written contiguously along the other: a plain
+  // transposition, done in W x W blocks of batches.
+  const bool outer_reads = outer.in == 1 && inner.out == 1, inner_reads = inner.in == 1 && outer.out == 1;
   for_each_line(nest.shape, nest_in, nest_out,
                 [&](std::ptrdiff_t i, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t is, std::ptrdiff_t os) {
                   for (std::size_t k = 0; k < n; ++k) {
                     const S* a = in.data + i + static_cast<std::ptrdiff_t>(k) * is;
                     T* b = out + o + static_cast<std::ptrdiff_t>(k) * os;
+                    if constexpr (std::is_same_v<T, S> && transposes_in_batches<T>) {
+                      if (outer_reads || inner_reads) {
+                        const walk& p = outer_reads ? outer : inner;
+                        const walk& q = outer_reads ? inner : outer;
+                        for (std::size_t p0 = 0; p0 < p.size; p0 += tile)
+                          for (std::size_t q0 = 0; q0 < q.size; q0 += tile)
+                            transpose_tile(a + static_cast<std::ptrdiff_t>(p0) + static_cast<std::ptrdiff_t>(q0) * q.in, q.in,
+                                           b + static_cast<std::ptrdiff_t>(p0) * p.out + static_cast<std::ptrdiff_t>(q0), p.out,
+                                           std::min(tile, p.size - p0), std::min(tile, q.size - q0));
+                        continue;
+                      }
+                    }
                     for (std::size_t u0 = 0; u0 < outer.size; u0 += tile)
                       for (std::size_t v0 = 0; v0 < inner.size; v0 += tile)
                         for (std::size_t u = u0; u < std::min(outer.size, u0 + tile); ++u) {
