@@ -234,6 +234,63 @@ TEST_SUITE("permutations") {
   }
 }
 
+TEST_SUITE("results shared among device threads") {
+  TEST_CASE("psum and all_gather build one output that every device returns; ppermute hands the array over") {
+    // 4 devices x 128 Ki floats (512 KiB): the shared paths of psum (>= 256 KiB) and all_gather.
+    constexpr std::size_t n = 4, e = std::size_t{128} << 10;
+    xt::xarray<float> x = xt::xarray<float>::from_shape({n, e});
+    for (std::size_t k = 0; k < x.size(); ++k) x.data()[k] = static_cast<float>(k % 1000) * 0.5f;
+    std::vector<const float*> sums(n), gathers(n), received(n), inputs(n);
+    auto collectives = [](const auto& mine) {
+      return std::tuple{namedax::eval(namedax::psum(mine, "i"_ax)),
+                        namedax::eval(namedax::all_gather(mine, "i"_ax, {.tiled = true})),
+                        namedax::eval(namedax::ppermute(mine, "i"_ax, {{0, 1}, {1, 2}, {2, 3}, {3, 0}}))};
+    };
+    auto devices = namedax::pmap<"i">([&](auto slice) {
+      const auto mine = namedax::eval(slice);
+      auto results = collectives(mine);
+      std::size_t d = 0;
+      for (std::size_t k = 1; k < n; ++k)
+        if (namedax::axis_index("i"_ax) == static_cast<int>(k)) d = k;
+      sums[d] = std::get<0>(results).payload().data(), gathers[d] = std::get<1>(results).payload().data();
+      inputs[d] = mine.payload().data(), received[d] = std::get<2>(results).payload().data();
+      (void)namedax::psum(namedax::axis_index("i"_ax), "i"_ax);  // every device has recorded its pointers
+      return results;
+    })(x);
+    auto vectorized = namedax::vmap<"i">([&](auto slice) { return collectives(namedax::eval(slice)); })(x);
+    CHECK_BITWISE(std::get<0>(devices), std::get<0>(vectorized));
+    CHECK_BITWISE(std::get<1>(devices), std::get<1>(vectorized));
+    CHECK_BITWISE(std::get<2>(devices), std::get<2>(vectorized));
+    CHECK(std::get<2>(devices)(1, 7) == x(0, 7));
+    for (std::size_t d = 0; d < n; ++d) {
+      CHECK(sums[d] == sums[0]);
+      CHECK(gathers[d] == gathers[0]);
+      CHECK(received[(d + 1) % n] == inputs[d]);  // the sender's array itself
+    }
+  }
+  TEST_CASE("the shared paths with vectorized dims, two device axes and partial permutations") {
+    constexpr std::size_t a = 2, b = 3, e = std::size_t{24} << 10;  // 96 KiB per (i, j); 288 KiB per i
+    xt::xarray<double> x = xt::xarray<double>::from_shape({a, b, e});
+    for (std::size_t k = 0; k < x.size(); ++k) x.data()[k] = static_cast<double>((k * 7919) % 4093) - 2000.0;
+    auto f = [](auto slice) {
+      const auto mine = namedax::eval(slice);
+      return std::tuple{namedax::psum(mine, "i"_ax), namedax::pmax(mine, namedax::axes("i"_ax, "j"_ax)),
+                        namedax::all_gather(mine, "i"_ax, {.axis = 0}),
+                        namedax::all_gather(mine, namedax::axes("j"_ax, "i"_ax), {.axis = 0, .tiled = true}),
+                        namedax::ppermute(mine, namedax::axes("i"_ax, "j"_ax), {{0, 5}, {5, 0}, {1, 3}}),
+                        namedax::pshuffle(mine, "i"_ax, {1, 0})};
+    };
+    auto expected = namedax::vmap<"i">(namedax::vmap<"j">(f))(x);
+    auto threads = namedax::pmap<"i">(namedax::pmap<"j">(f))(x);
+    auto mixed = namedax::pmap<"i">(namedax::vmap<"j">(f))(x);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      auto check = [&](const auto& got, const auto& want) { CHECK_BITWISE(got, want); };
+      (check(std::get<I>(threads), std::get<I>(expected)), ...);
+      (check(std::get<I>(mixed), std::get<I>(expected)), ...);
+    }(std::make_index_sequence<6>{});
+  }
+}
+
 TEST_SUITE("argmax") {
   TEST_CASE("pargmax and pargmin: ties go to the lowest index") {
     xt::xarray<float> x{{1.f, 9.f}, {7.f, 2.f}, {7.f, 9.f}, {0.f, 2.f}};

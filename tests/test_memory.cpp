@@ -61,12 +61,13 @@ TEST_SUITE("memory") {
     for (std::size_t k = 0; k < x.size(); ++k) x.data()[k] = static_cast<float>(k % 1024);
     const double data = static_cast<double>(devices * per_device);
 
-    // psum: each device's result (64 MiB) and the stacked output (8 x 64 MiB): 2x the data.
+    // psum: one result (64 MiB) that all 8 devices share, and the stacked output (8 x 64 MiB):
+    // 1.125x the data.
     xt::xarray<float> out;
     const std::size_t psum_peak = peak_growth([&] { out = namedax::pmap<"i">([](auto v) { return namedax::psum(v, "i"_ax); })(x); });
     CHECK(out(7, n - 1) == 8.0f * static_cast<float>((n - 1) % 1024));
     MESSAGE("psum, 8 x 64 MiB: peak heap growth ", psum_peak >> 20, " MiB = ", psum_peak / data, " x the data");
-    CHECK(psum_peak / data < 2.05);
+    CHECK(psum_peak / data < 1.15);
     out = {};
 
     // A reduce-scatter: each device keeps an eighth, so the outputs are small.

@@ -83,8 +83,8 @@ std::array<named_axis, sizeof...(Names)> describe_named_axes([[maybe_unused]] st
 }
 
 /// The value of a reduction from its result and pmean's divisor, typed for leaf X.
-template <reduction K, bool Grouped, class X, class... Names, class T>
-auto reduced_value(xt::xarray<T> sum, const xt::xarray<float>& divisor, float positional_count) {
+template <reduction K, bool Grouped, class X, class... Names, class Sum>
+auto reduced_value(Sum sum, const xt::xarray<float>& divisor, float positional_count) {
   using Env = typename X::env_type;
   using R = reduction_result_t<K, typename X::value_type>;
   constexpr axis_mask reduced = Env::template mask_of<Names...>();
@@ -93,6 +93,8 @@ auto reduced_value(xt::xarray<T> sum, const xt::xarray<float>& divisor, float po
   if constexpr (K == reduction::mean) {
     xt::xarray<R> mean = xt::cast<R>(sum) / (xt::cast<R>(divisor) * static_cast<R>(positional_count));
     return make_named<shared_array<R>, Env, out_varying>(share_array<R>(std::move(mean)));
+  } else if constexpr (std::is_same_v<Sum, shared_array<R>>) {
+    return make_named<shared_array<R>, Env, out_varying>(std::move(sum));
   } else {
     return make_named<shared_array<R>, Env, out_varying>(share_array<R>(std::move(sum)));
   }
@@ -132,8 +134,9 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     const std::size_t kept_rank = rank - dims.size();
 
     auto named_axes = describe_named_axes<X, Names...>(verb);
+    if (auto shared = reduce_among_threads<T>(verb, in, named_axes, groups, op))
+      return reduced_value<K, Grouped, X, Names...>(std::move(shared->first), shared->second, positional_count);
     auto across = reduce_across_processes<T>(verb, in, named_axes, groups, fold_of<K>());
-    if (!across) across = reduce_among_threads<T>(verb, in, named_axes, groups, op);
     auto [sum, divisor] = across ? std::move(*across)
                                  : reduce_named<T>(verb, std::move(in), kept_rank, named_axes, groups,
                                                    K == reduction::sum || K == reduction::mean, op);
@@ -339,7 +342,8 @@ auto collective_leaf(const X& x, type_list<Names...> names, Rule rule) {
     using R = typename decltype(out)::value_type;
     constexpr axis_mask names_mask = Env::template mask_of<Names...>();
     constexpr axis_mask varying = Invariant ? (X::varying & ~names_mask) : (X::varying | names_mask);
-    return make_named<shared_array<R>, Env, varying>(share_array<R>(std::move(out)));
+    if constexpr (std::is_same_v<decltype(out), shared_array<R>>) return make_named<shared_array<R>, Env, varying>(std::move(out));
+    else return make_named<shared_array<R>, Env, varying>(share_array<R>(std::move(out)));
   }
 }
 
@@ -411,9 +415,10 @@ struct all_gather_fn {
     return detail::tree_map(x, [&](const auto& leaf) {
       return detail::collective_leaf<all_gather_fn, Invariant, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
         if (auto out = detail::all_gather_across_processes(name, in, rank, ax, groups, options.axis, options.tiled))
-          return std::move(*out);
-        return detail::all_gather_rule(name, std::move(in), rank, ax, groups, options.axis, options.tiled,
-                                       groups.has_value());
+          return detail::share_array(std::move(*out));
+        if (auto out = detail::gather_among_threads(name, in, rank, ax, groups, options.axis, options.tiled)) return std::move(*out);
+        return detail::share_array(detail::all_gather_rule(name, std::move(in), rank, ax, groups, options.axis,
+                                                           options.tiled, groups.has_value()));
       });
     });
   }
@@ -561,6 +566,40 @@ template <class Perm, std::size_t Extent>
 inline constexpr bool permutation_fits_axis_size = Extent == dynamic_extent || Perm::largest < static_cast<int>(Extent);
 }  // namespace detail
 
+namespace detail {
+/// ppermute and pshuffle on one leaf; `pairs_of(axes)` gives the (source, destination) pairs.
+/// An array moved among device threads only is handed over by reference (permute_by_reference).
+template <class Verb, class X, class... Names, class PairsOf>
+auto permute_leaf(const X& x, type_list<Names...> names, PairsOf pairs_of) {
+  auto moved = [pairs_of](auto in, std::size_t rank, auto ax) {
+    const permutation_t& pairs = pairs_of(ax);
+    if (auto out = ppermute_across_processes(Verb::name, in, ax, pairs)) return std::move(*out);
+    return ppermute_rule(Verb::name, std::move(in), rank, ax, pairs);
+  };
+  if constexpr (NamedValue<X>) {
+    using Env = typename X::env_type;
+    using T = typename X::value_type;
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(x.payload())>, shared_array<T>>) {
+      require_bound<Verb, Env, Names...>();
+      const auto axes = describe_named_axes<X, Names...>(Verb::name);
+      const bool among_threads = std::all_of(axes.begin(), axes.end(), [](const named_axis& a) {
+        return a.place == placement::devices && a.varies && !find_frame(a.name)->processes;
+      });
+      if (among_threads) {
+        auto received = permute_by_reference(Verb::name, x.payload(), axes, pairs_of(std::span<const named_axis>(axes)));
+        if (!received) {
+          auto zeros = uninitialized_array<T>(x.payload().shape());
+          std::fill(zeros.data(), zeros.data() + zeros.size(), T{});
+          received = share_array<T>(std::move(zeros));
+        }
+        return make_named<shared_array<T>, Env, X::varying | Env::template mask_of<Names...>()>(std::move(*received));
+      }
+    }
+  }
+  return collective_leaf<Verb, false, false>(x, names, moved);
+}
+}  // namespace detail
+
 /// Sends the value of index `source` to index `destination` for each pair; indices that
 /// receive nothing get zeros: `ppermute(x, "i"_ax, {{0, 1}, {1, 2}, {2, 3}, {3, 0}})` shifts by one.
 struct ppermute_fn {
@@ -582,10 +621,7 @@ struct ppermute_fn {
   auto operator()(const X& x, const A& axes, const std::vector<std::pair<int, int>>& perm) const {
     auto names = detail::names_only(detail::to_axis_list(axes));
     return detail::tree_map(x, [&](const auto& leaf) {
-      return detail::collective_leaf<ppermute_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
-        if (auto out = detail::ppermute_across_processes(name, in, ax, perm)) return std::move(*out);
-        return detail::ppermute_rule(name, std::move(in), rank, ax, perm);
-      });
+      return detail::permute_leaf<ppermute_fn>(leaf, names, [perm](auto) -> const auto& { return perm; });
     });
   }
 };
@@ -598,11 +634,7 @@ struct pshuffle_fn {
   auto operator()(const X& x, const A& axes, const std::vector<int>& perm) const {
     auto names = detail::names_only(detail::to_axis_list(axes));
     return detail::tree_map(x, [&](const auto& leaf) {
-      return detail::collective_leaf<pshuffle_fn, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
-        const auto pairs = detail::shuffle_pairs(name, ax, perm);
-        if (auto out = detail::ppermute_across_processes(name, in, ax, pairs)) return std::move(*out);
-        return detail::ppermute_rule(name, std::move(in), rank, ax, pairs);
-      });
+      return detail::permute_leaf<pshuffle_fn>(leaf, names, [perm](auto ax) { return detail::shuffle_pairs(name, ax, perm); });
     });
   }
 };

@@ -2,10 +2,12 @@
 // namedax::error, the base of every runtime error the library throws, and its message builder.
 #pragma once
 
+#include <charconv>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace namedax {
@@ -24,29 +26,42 @@ class collective_error : public error {
 };
 
 namespace detail {
+/// Appends one part of a message: text as it is, numbers as iostreams would print them
+/// (without the cost of a stream), pairs and ranges as Python tuples `(2, 3)`.
 template <class T>
-void write_part(std::ostringstream& out, const T& part);
-
-template <class T>
-void write_part(std::ostringstream& out, const T& part) {
-  if constexpr (requires { part.first; part.second; }) {
-    out << '(', write_part(out, part.first), out << ", ", write_part(out, part.second), out << ')';
-  } else if constexpr (requires { part.begin(); part.end(); } && !std::is_convertible_v<T, std::string_view>) {
-    out << '(';
+void write_part(std::string& out, const T& part) {
+  if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    out += std::string_view(part);
+  } else if constexpr (std::is_same_v<T, char>) {
+    out += part;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    out += part ? '1' : '0';
+  } else if constexpr (std::is_arithmetic_v<T>) {
+    char digits[64];
+    std::to_chars_result end;
+    if constexpr (std::is_floating_point_v<T>) end = std::to_chars(digits, digits + sizeof digits, part, std::chars_format::general, 6);
+    else end = std::to_chars(digits, digits + sizeof digits, part);
+    out.append(digits, end.ptr);
+  } else if constexpr (requires { part.first; part.second; }) {
+    out += '(', write_part(out, part.first), out += ", ", write_part(out, part.second), out += ')';
+  } else if constexpr (requires { part.begin(); part.end(); }) {
+    out += '(';
     const char* sep = "";
-    for (const auto& v : part) out << sep, write_part(out, v), sep = ", ";
-    out << (part.size() == 1 ? ",)" : ")");
+    for (const auto& v : part) out += sep, write_part(out, v), sep = ", ";
+    out += part.size() == 1 ? ",)" : ")";
   } else {
-    out << part;
+    std::ostringstream text;
+    text << part;
+    out += text.str();
   }
 }
 
-/// Concatenates the parts of a message; ranges print as Python tuples `(2, 3)`.
+/// Concatenates the parts of a message.
 template <class... Parts>
 std::string message(const Parts&... parts) {
-  std::ostringstream out;
+  std::string out;
   (write_part(out, parts), ...);
-  return out.str();
+  return out;
 }
 
 template <class E = error, class... Parts>

@@ -61,6 +61,24 @@ std::optional<strided_block<T>> members_as_block(const collective_frame<T>& fram
   return block;
 }
 
+/// all_gather's positional output dims: dim `a` times `g` (tiled), or `g` inserted at `a`.
+inline std::vector<std::size_t> gathered_positional(std::vector<std::size_t> positional, std::size_t a, std::size_t g,
+                                                    bool tiled) {
+  if (tiled) positional[a] *= g;
+  else positional.insert(positional.begin() + static_cast<std::ptrdiff_t>(a), g);
+  return positional;
+}
+
+/// Where member k goes in an all_gather output of `out_shape` (row-major): at k * step, with
+/// the strides returned (untiled: without the gathered dim).
+inline std::pair<std::vector<std::ptrdiff_t>, std::ptrdiff_t> gathered_slots(std::span<const std::size_t> out_shape,
+                                                                              std::size_t a, std::size_t tile, bool tiled) {
+  const auto out_strides = row_major_strides(out_shape);
+  std::vector<std::ptrdiff_t> slot_strides(out_strides.begin(), out_strides.end());
+  if (!tiled) slot_strides.erase(slot_strides.begin() + static_cast<std::ptrdiff_t>(a));
+  return {std::move(slot_strides), static_cast<std::ptrdiff_t>(tile) * out_strides[a]};
+}
+
 template <class T>
 xt::xarray<T> all_gather_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
                               std::span<const named_axis> axes, const std::optional<groups_t>& groups, int axis,
@@ -72,16 +90,13 @@ xt::xarray<T> all_gather_rule(std::string_view verb, strided_block<T> in, std::s
                                       frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
   const std::size_t a = positional_axis(verb, "axis", axis, tiled ? positional_rank : positional_rank + 1, axes);
   const std::size_t tile = tiled ? positional[a] : 1;
-  if (tiled) positional[a] *= g;
-  else positional.insert(positional.begin() + static_cast<std::ptrdiff_t>(a), g);
+  positional = gathered_positional(std::move(positional), a, g, tiled);
   auto out = uninitialized_array<T>(frame.output_shape(positional, varies));
   const auto out_strides = row_major_strides(out.shape());
   const std::size_t out_rank = positional.size();
 
   // Member k of the group goes to index k (tiled: block k) along the gathered axis.
-  std::vector<std::ptrdiff_t> slot_strides(out_strides.begin(), out_strides.end());
-  if (!tiled) slot_strides.erase(slot_strides.begin() + static_cast<std::ptrdiff_t>(a));
-  const std::ptrdiff_t step = static_cast<std::ptrdiff_t>(tile) * out_strides[a];
+  auto [slot_strides, step] = gathered_slots(out.shape(), a, tile, tiled);
   if (auto whole = varies ? std::nullopt : members_as_block(frame, axes, groups, g)) {
     slot_strides.push_back(step);
     copy_strided(*whole, out.data() + frame.vectorized_offset(0, out_strides, out_rank), slot_strides);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <xtensor/xarray.hpp>
+#include <xtensor/xexpression.hpp>
 
 #include <cstddef>
 #include <memory>
@@ -85,5 +86,17 @@ struct recycle_on_release {
     delete a;
   }
 };
+
+/// An owned, shareable container: copies of a named value share it, so lazy expressions
+/// built from it stay valid after the named value that made them is gone.
+template <class T>
+using shared_array = xt::xshared_expression<xt::xarray<T>>;
+
+/// Shares an array without copying it (xt::make_xshared copies its elements).
+template <class T>
+shared_array<T> share_array(xt::xarray<T>&& a) {
+  // When the last copy goes, the array waits in its pool for the next output of its size.
+  return shared_array<T>(std::shared_ptr<xt::xarray<T>>(new xt::xarray<T>(std::move(a)), recycle_on_release<T>{}));
+}
 
 }  // namespace namedax::detail

@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: MIT
-// The large-message path among device threads: when every axis of a reduction is placed on
-// device threads and the operand varies along all of them, a large payload is reduced by
-// reduce-scatter then all-gather in one exchange, so that each device reads 1/N of every
-// member instead of every member whole. Returns nothing when its case does not apply; the
-// rule (reduction.hpp) then runs, one-shot.
+// The paths among device threads for results that every device gets the same: when every
+// axis of a reduction or an all_gather is placed on device threads and the operand varies
+// along all of them, the devices build ONE output together and each returns a reference to
+// it (values are never written once made). A reduction folds 1/N of every member per device;
+// an all_gather copies each member once, by its own device. Each returns nothing when its
+// case does not apply; the rule (reduction.hpp, all_gather.hpp) then runs.
 #pragma once
 
-#include <namedax/detail/collective_frame.hpp>
+#include <namedax/detail/all_gather.hpp>
 
 #include <algorithm>
 #include <optional>
@@ -17,46 +18,95 @@ namespace namedax::detail {
 /// with no second pass over the others' outputs.
 inline constexpr std::size_t chunked_reduction_bytes = std::size_t{256} << 10;
 
-/// psum, pmean, pmax, pmin. Device r folds chunk r of the members, in rank order (the rule's
-/// order, so the bits are the same), and writes it into every member's output; after the
-/// second barrier every output is whole. Returns the result and pmean's divisor.
-template <class T, class Op>
-std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_among_threads(
-    std::string_view verb, const strided_block<T>& in, std::span<const named_axis> axes,
-    const std::optional<groups_t>& groups, Op op) {
-  const std::size_t count = element_count(in.shape);
-  if (groups || axes.empty() || count * sizeof(T) < chunked_reduction_bytes ||
-      in.strides != row_major_strides(in.shape))
-    return std::nullopt;
+/// The names of `axes` when every one is an axis of device threads along which the operand
+/// varies; else nothing.
+inline std::optional<std::vector<std::string_view>> thread_axes(std::span<const named_axis> axes) {
   std::vector<std::string_view> names;
   for (const auto& ax : axes) {
     if (ax.place != placement::devices || !ax.varies || !find_frame(ax.name)->shared) return std::nullopt;
     names.push_back(ax.name);
   }
-  auto out = uninitialized_array<T>(in.shape);
-  struct buffers {
-    const T* in;
-    T* out;
-  } mine{in.data, out.data()};
-  pointer_exchange exchange(join(names), &mine, call_of<T>(verb, axes, "", std::nullopt, in.shape));
+  if (names.empty()) return std::nullopt;
+  return names;
+}
+
+/// What each member offers: its input, and (rank 0) the output all of them share.
+template <class T>
+struct shared_output_offer {
+  const T* in;
+  const std::shared_ptr<xt::xarray<T>>* out;
+};
+
+/// The output that rank 0 of `exchange` offered.
+template <class T>
+std::shared_ptr<xt::xarray<T>> shared_output(const pointer_exchange& exchange) {
+  return *static_cast<const shared_output_offer<T>*>(exchange.slot(0))->out;
+}
+
+/// A new array for a shared output, given back to the pool when its last reference goes.
+template <class T>
+std::shared_ptr<xt::xarray<T>> new_shared_output(std::span<const std::size_t> shape) {
+  return std::shared_ptr<xt::xarray<T>>(new xt::xarray<T>(uninitialized_array<T>(shape)), recycle_on_release<T>{});
+}
+
+/// psum, pmean, pmax, pmin. Device r folds chunk r of the members, in rank order (the rule's
+/// order, so the bits are the same), into the one output; after the second barrier it is
+/// whole. Returns the result and pmean's divisor.
+template <class T, class Op>
+std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_threads(
+    std::string_view verb, const strided_block<T>& in, std::span<const named_axis> axes,
+    const std::optional<groups_t>& groups, Op op) {
+  const std::size_t count = element_count(in.shape);
+  if (groups || count * sizeof(T) < chunked_reduction_bytes || in.strides != row_major_strides(in.shape)) return std::nullopt;
+  const auto names = thread_axes(axes);
+  if (!names) return std::nullopt;
+  std::shared_ptr<xt::xarray<T>> out;
+  if (std::all_of(axes.begin(), axes.end(), [](const named_axis& a) { return a.index == 0; })) out = new_shared_output<T>(in.shape);
+  const shared_output_offer<T> mine{in.data, &out};
+  pointer_exchange exchange(join(*names), &mine, call_of<T>(verb, axes, "", std::nullopt, in.shape));
   const std::size_t n = exchange.size(), r = exchange.rank();
-  auto member = [&](std::size_t m) { return static_cast<const buffers*>(exchange.slot(m)); };
-  // Chunk r, folded by the rule's own loop in pieces that stay in cache while they are then
-  // copied into the other members' outputs.
+  if (r != 0) out = shared_output<T>(exchange);
+  // Chunk r, folded by the rule's own loop, in pieces that stay in cache.
   constexpr std::size_t piece = std::size_t{1} << 16;
   const std::ptrdiff_t unit[] = {1};
   std::vector<const T*> sources(n);
   for (std::size_t lo = r * count / n, end = (r + 1) * count / n; lo < end; lo += piece) {
     const std::size_t length[] = {std::min(piece, end - lo)};
-    for (std::size_t m = 0; m < n; ++m) sources[m] = member(m)->in + lo;
-    fold_members<T>(sources, length, unit, out.data() + lo, unit, op);
-    for (std::size_t m = 0; m < n; ++m)
-      if (m != r) std::copy_n(out.data() + lo, length[0], member(m)->out + lo);
+    for (std::size_t m = 0; m < n; ++m) sources[m] = static_cast<const shared_output_offer<T>*>(exchange.slot(m))->in + lo;
+    fold_members<T>(sources, length, unit, out->data() + lo, unit, op);
   }
   exchange.release();
   xt::xarray<float> divisor = xt::xarray<float>::from_shape(std::vector<std::size_t>(in.shape.size(), 1));
   divisor.fill(static_cast<float>(n));
-  return std::pair{std::move(out), std::move(divisor)};
+  return std::pair{shared_array<T>(std::move(out)), std::move(divisor)};
+}
+
+/// all_gather without groups: each device copies its own member into its place in the one
+/// output.
+template <class T>
+std::optional<shared_array<T>> gather_among_threads(std::string_view verb, const strided_block<T>& in,
+                                                    std::size_t positional_rank, std::span<const named_axis> axes,
+                                                    const std::optional<groups_t>& groups, int axis, bool tiled) {
+  if (groups || element_count(in.shape) * sizeof(T) <= inline_payload_bytes || in.strides != row_major_strides(in.shape))
+    return std::nullopt;
+  const auto names = thread_axes(axes);
+  if (!names) return std::nullopt;
+  std::vector<std::size_t> positional(in.shape.begin(), in.shape.begin() + static_cast<std::ptrdiff_t>(positional_rank));
+  const std::size_t a = positional_axis(verb, "axis", axis, tiled ? positional_rank : positional_rank + 1, axes);
+  const std::size_t tile = tiled ? positional[a] : 1;
+  auto out_shape = gathered_positional(std::move(positional), a, member_count(axes), tiled);
+  out_shape.insert(out_shape.end(), in.shape.begin() + static_cast<std::ptrdiff_t>(positional_rank), in.shape.end());
+  const auto [slot_strides, step] = gathered_slots(out_shape, a, tile, tiled);
+
+  std::shared_ptr<xt::xarray<T>> out;
+  if (std::all_of(axes.begin(), axes.end(), [](const named_axis& ax) { return ax.index == 0; })) out = new_shared_output<T>(out_shape);
+  const shared_output_offer<T> mine{in.data, &out};
+  pointer_exchange exchange(join(*names), &mine,
+                            call_of<T>(verb, axes, message(" at axis ", axis, tiled ? ", tiled" : ""), std::nullopt, in.shape));
+  if (exchange.rank() != 0) out = shared_output<T>(exchange);
+  copy_strided(in, out->data() + static_cast<std::ptrdiff_t>(exchange.rank()) * step, slot_strides);
+  exchange.release();
+  return shared_array<T>(std::move(out));
 }
 
 }  // namespace namedax::detail

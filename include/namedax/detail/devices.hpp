@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <latch>
 #include <stdexcept>
@@ -131,7 +132,6 @@ void run_devices(std::string_view name, std::size_t n, Body&& body) {
       --shared->running;
       if (--state->remaining == 0 && parent_record)
         parent_record->now = device_record::state::running, ++shared->running;
-      shared->wake.notify_all();
     }
     state->done.count_down();
   };

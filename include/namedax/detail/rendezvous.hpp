@@ -9,13 +9,57 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <climits>
 #include <optional>
 #include <thread>
 #include <span>
 
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace namedax::detail {
 
-/// The devices that differ only along some device axes, meeting again and again.
+/// Sleeps while `word` holds `expected`, for at most `timeout`; it may wake early.
+inline void sleep_while_equal(const std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                              std::chrono::microseconds timeout) {
+#if defined(__linux__)
+  const timespec ts{static_cast<time_t>(timeout.count() / 1000000), static_cast<long>(timeout.count() % 1000000) * 1000};
+  syscall(SYS_futex, reinterpret_cast<const std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
+#else
+  if (word.load() == expected) std::this_thread::sleep_for(std::min(timeout, std::chrono::microseconds(50)));
+#endif
+}
+
+/// Tells the core that this thread spins (cheaper for its sibling hyperthread and the bus).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+inline std::size_t hardware_threads() {
+  static const std::size_t n = std::max(1u, std::thread::hardware_concurrency());
+  return n;
+}
+
+/// Wakes every thread asleep in sleep_while_equal on `word`.
+inline void wake_sleepers(std::atomic<std::uint32_t>& word) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+
+/// The devices that differ only along some device axes, meeting again and again. A member
+/// arrives with one atomic increment; the last one to arrive compares the signatures and
+/// advances `generation`, which the others watch: spinning, then asleep on it (a futex), so
+/// that a release wakes them without any lock to fight over.
 struct communicator {
   std::size_t size = 0;
   std::vector<std::string> member_paths;  // by rank, for departure reports
@@ -24,10 +68,11 @@ struct communicator {
   // size * inline_payload_bytes, used by alternate barrier generations.
   std::vector<std::byte> inline_payloads[2];
   std::vector<std::string> signatures;
-  std::vector<std::uint64_t> arrived_in;  // generation + 1 once a member arrived in it
-  std::size_t arrived = 0;
-  std::atomic<std::uint64_t> generation{0};  // written under the world's lock, read by spinners
-  std::uint64_t failed_generation = ~std::uint64_t{0};
+  std::unique_ptr<std::atomic<std::uint32_t>[]> arrived_in;  // generation + 1 once a member arrived in it
+  std::atomic<std::size_t> arrived{0};
+  std::atomic<std::uint32_t> generation{0};
+  std::atomic<int> sleepers{0};
+  bool failed = false;  // the signatures differed; written before the release
   std::string failure;
 };
 
@@ -39,18 +84,29 @@ struct membership {
   std::size_t rank = 0;
 };
 
+/// Payloads up to this size are copied into the communicator's buffer, so that an exchange
+/// needs one barrier instead of two.
+inline constexpr std::size_t inline_payload_bytes = 4096;
+
 inline membership join(std::span<const std::string_view> names) {
   const auto& stack = frames();
   const frame* first = find_frame(names.front());
   membership m{first->shared};
+  device_record* me = current_device().get();
+  std::string spanned;
+  for (auto n : names) append_coordinate(spanned, n, 0);
+  if (me)
+    for (const auto& [key, found] : me->met)
+      if (key == spanned) {
+        m.comm = found.first, m.rank = found.second;
+        return m;
+      }
   // The key: the names spanned, then this device's coordinates along every other device axis.
-  std::string key;
-  for (auto n : names) append_coordinate(key, n, 0);
-  key += '|';
-  std::vector<std::size_t> sizes, own;
+  std::string key = spanned + '|';
+  std::vector<std::size_t> sizes;
   for (auto n : names) {
     const frame* f = find_frame(n);
-    sizes.push_back(f->size), own.push_back(f->index);
+    sizes.push_back(f->size);
     m.rank = m.rank * f->size + f->index;
   }
   for (const frame& f : stack)
@@ -66,7 +122,9 @@ inline membership join(std::span<const std::string_view> names) {
     c->size = total;
     c->slots.assign(total, nullptr);
     c->signatures.assign(total, {});
-    c->arrived_in.assign(total, 0);
+    c->arrived_in.reset(new std::atomic<std::uint32_t>[total]);
+    for (std::size_t r = 0; r < total; ++r) c->arrived_in[r] = 0;
+    for (auto& buffer : c->inline_payloads) buffer.resize(total * inline_payload_bytes);
     for (std::size_t r = 0; r < total; ++r) {
       // The path of member r: this device's path with the coordinates along `names` replaced.
       std::vector<std::size_t> coord(names.size());
@@ -83,7 +141,51 @@ inline membership join(std::span<const std::string_view> names) {
     slot = std::move(c);
   }
   m.comm = slot.get();
+  if (me) me->met.emplace_back(std::move(spanned), std::pair{m.comm, m.rank});
   return m;
+}
+
+/// Sleeps until the barrier of generation `gen` completes or the world is poisoned; once a
+/// millisecond, looks under the world's lock whether a member left, every running device
+/// sleeps (a deadlock), or the timeout passed, and then returns what is wrong.
+inline std::optional<std::string> sleep_until_released(const membership& m, std::uint32_t gen, std::string_view what) {
+  world& w = *m.shared;
+  communicator& c = *m.comm;
+  device_record& me = *current_device();
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::duration<double>(collective_timeout_seconds());
+  auto next_check = start + std::chrono::milliseconds(1);
+  std::optional<std::string> trouble;
+  me.block(what, &c.generation, gen);
+  while (c.generation.load(std::memory_order_acquire) == gen && !w.poisoned && !trouble) {
+    c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (c.generation.load(std::memory_order_seq_cst) == gen) sleep_while_equal(c.generation, gen, std::chrono::milliseconds(1));
+    c.sleepers.fetch_sub(1, std::memory_order_relaxed);
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_check || c.generation.load(std::memory_order_acquire) != gen) continue;
+    next_check = now + std::chrono::milliseconds(1);
+    std::lock_guard guard(w.lock);
+    for (std::size_t r = 0; r < c.size && !trouble; ++r) {
+      if (c.arrived_in[r].load(std::memory_order_relaxed) == gen + 1) continue;
+      auto it = w.devices.find(c.member_paths[r]);
+      if (it != w.devices.end() && it->second->now == device_record::state::finished)
+        trouble = message("device ", c.member_paths[r], " returned from the mapped function while device ", me.path,
+                          " waits in ", what, "; every device must make the same collective calls");
+    }
+    if (!trouble && w.deadlocked()) {
+      std::string who;
+      for (const auto& [path, record] : w.devices)
+        if (auto in = record->stuck_in()) who += message("\n  device ", path, " waits in ", *in);
+      trouble = message("every running device waits in a collective that cannot complete (devices called "
+                        "different collectives):", who);
+    }
+    if (!trouble && now > deadline)
+      trouble = message("timed out after ", collective_timeout_seconds(),
+                        " s (NAMEDAX_COLLECTIVE_TIMEOUT) waiting for the other devices");
+  }
+  me.unblock();
+  if (c.generation.load(std::memory_order_acquire) != gen) return std::nullopt;  // released after all
+  return trouble;
 }
 
 /// Waits until every member arrived. With a signature, the members' signatures must agree.
@@ -92,74 +194,56 @@ inline membership join(std::span<const std::string_view> names) {
 inline void arrive_and_wait(const membership& m, const std::string* signature, std::string_view what) {
   world& w = *m.shared;
   communicator& c = *m.comm;
-  std::unique_lock guard(w.lock);
   const auto& me = current_device();
   auto abort = [&](const std::string& why) -> void {
     throw collective_error(message(what, " on device ", me->path, " was aborted: ", why));
   };
-  if (w.poisoned) abort(w.reason);
-  const std::uint64_t gen = c.generation;
+  if (w.poisoned) {
+    std::lock_guard guard(w.lock);
+    abort(w.reason);
+  }
+  const std::uint32_t gen = c.generation.load(std::memory_order_acquire);
   if (signature) c.signatures[m.rank] = *signature, me->enter(*signature);
-  c.arrived_in[m.rank] = gen + 1;
-  if (++c.arrived == c.size) {
+  c.arrived_in[m.rank].store(gen + 1, std::memory_order_relaxed);
+  if (c.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == c.size) {
     if (signature)
-      for (std::size_t r = 0; r < c.size; ++r)
+      for (std::size_t r = 0; r < c.size && !c.failed; ++r)
         if (c.signatures[r] != c.signatures[0]) {
+          std::lock_guard guard(w.lock);
           c.failure = message("devices made different collective calls at the same point: device ", c.member_paths[0],
                               " called ", c.signatures[0], ", device ", c.member_paths[r], " called ",
                               c.signatures[r], "; every device must make the same collective calls in the same order",
                               w.recent_collectives());
-          c.failed_generation = gen;
-          break;
+          c.failed = true;
         }
-    c.arrived = 0;
-    ++c.generation;
-    w.waiting -= static_cast<int>(c.size - 1);  // the others are released, whenever they wake
-    w.wake.notify_all();
+    c.arrived.store(0, std::memory_order_relaxed);
+    c.generation.store(gen + 1, std::memory_order_seq_cst);
+    if (c.sleepers.load(std::memory_order_seq_cst) > 0) wake_sleepers(c.generation);
   } else {
-    me->waiting_in = std::string(what);
-    ++w.waiting;
-    // Spin briefly, then block: a barrier among running threads costs well under a
-    // microsecond, while blocking costs a context switch. Yielding keeps the spin cheap
-    // when devices outnumber cores.
-    guard.unlock();
+    // Spin briefly, then sleep: a barrier among running threads costs well under a
+    // microsecond, while sleeping costs a context switch. Where devices outnumber cores,
+    // the spin yields at once, to let the devices that have not arrived run.
     const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    const int busy_spins = w.running <= static_cast<int>(hardware_threads()) ? 4096 : 0;
     for (int spin = 0; c.generation.load(std::memory_order_acquire) == gen && !w.poisoned.load(); ++spin) {
       if (spin % 64 == 63 && std::chrono::steady_clock::now() > spin_until) break;
-      if (spin >= 16) std::this_thread::yield();
+      if (spin >= busy_spins) std::this_thread::yield();
+      else cpu_relax();
     }
-    guard.lock();
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(collective_timeout_seconds());
-    std::optional<std::string> trouble;
-    while (c.generation == gen && !w.poisoned && !trouble) {
-      for (std::size_t r = 0; r < c.size && !trouble; ++r) {
-        if (c.arrived_in[r] == gen + 1) continue;
-        auto it = w.devices.find(c.member_paths[r]);
-        if (it != w.devices.end() && it->second->now == device_record::state::finished)
-          trouble = message("device ", c.member_paths[r], " returned from the mapped function while device ", me->path,
-                            " waits in ", what, "; every device must make the same collective calls");
+    if (c.generation.load(std::memory_order_acquire) == gen) {
+      if (auto trouble = sleep_until_released(m, gen, what)) {
+        std::lock_guard guard(w.lock);
+        *trouble += w.recent_collectives();
+        w.poison(*trouble);
+        abort(*trouble);
       }
-      if (!trouble && w.waiting == w.running) {
-        std::string who;
-        for (const auto& [path, record] : w.devices)
-          if (!record->waiting_in.empty()) who += message("\n  device ", path, " waits in ", record->waiting_in);
-        trouble = message("every running device waits in a collective that cannot complete (devices called "
-                          "different collectives):", who);
+      if (c.generation.load(std::memory_order_acquire) == gen) {  // poisoned by another device
+        std::lock_guard guard(w.lock);
+        abort(w.reason);
       }
-      if (!trouble && w.wake.wait_until(guard, deadline) == std::cv_status::timeout && c.generation == gen)
-        trouble = message("timed out after ", collective_timeout_seconds(),
-                          " s (NAMEDAX_COLLECTIVE_TIMEOUT) waiting for the other devices");
     }
-    me->waiting_in.clear();
-    if (c.generation == gen) --w.waiting;  // leaving without completing: not released by another
-    if (trouble) {
-      *trouble += w.recent_collectives();
-      w.poison(*trouble);
-      abort(*trouble);
-    }
-    if (c.generation == gen) abort(w.reason);
   }
-  if (c.failed_generation == gen) throw collective_error(message(what, ": ", c.failure));
+  if (c.failed) throw collective_error(message(what, ": ", c.failure));
 }
 
 /// A collective call as the devices compare it and the trace records it.
@@ -173,10 +257,6 @@ struct collective_call {
   }
 };
 
-/// Payloads up to this size are copied into the communicator's buffer, so that an exchange
-/// needs one barrier instead of two.
-inline constexpr std::size_t inline_payload_bytes = 4096;
-
 /// One exchange of pointers: every member offers its buffer, reads the others' after
 /// `exchange`, and calls `release` once it no longer reads them. A payload of at most
 /// inline_payload_bytes (`bytes`, contiguous at `mine`; 0: lend the pointer) is copied into
@@ -189,17 +269,12 @@ class pointer_exchange {
       : m_(std::move(m)), call_(std::move(call)), what_(message("namedax::", call_.op, " over ", call_.axes)),
         copied_(bytes > 0 && bytes <= inline_payload_bytes) {
     if (tracing()) arrival_us_ = trace_clock_us();
-    {
-      std::lock_guard guard(m_.shared->lock);
-      communicator& c = *m_.comm;
-      if (copied_) {  // the slots vector is not used: a faster member may already fill it for the next call
-        auto& buffer = c.inline_payloads[c.generation.load() % 2];
-        if (buffer.empty()) buffer.resize(c.size * inline_payload_bytes);
-        inline_base_ = buffer.data();
-        std::memcpy(inline_base_ + m_.rank * inline_payload_bytes, mine, bytes);
-      } else {
-        c.slots[m_.rank] = mine;
-      }
+    communicator& c = *m_.comm;
+    if (copied_) {  // the slots vector is not used: a faster member may already fill it for the next call
+      inline_base_ = c.inline_payloads[c.generation.load(std::memory_order_acquire) % 2].data();
+      std::memcpy(inline_base_ + m_.rank * inline_payload_bytes, mine, bytes);
+    } else {
+      c.slots[m_.rank] = mine;
     }
     const std::string signature = call_.signature();
     arrive_and_wait(m_, &signature, what_);

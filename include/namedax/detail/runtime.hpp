@@ -11,12 +11,12 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <condition_variable>
 #include <cstdlib>
 #include <exception>
 #include <memory>
 #include <span>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -86,45 +86,75 @@ struct device_record {
   enum class state { running, in_nested_map, finished, failed };
   std::string path;  // "i=0,j=2": the device coordinates along every device axis
   state now = state::running;
-  std::string waiting_in;  // the collective it waits in, if any
+  // Its own lock, so that entering and waiting in a collective do not take the world's:
+  // it guards what follows (read by error reports and deadlock checks, world's lock first).
+  std::mutex lock;
+  // While it sleeps in a rendezvous: what it waits in, and the barrier generation word and
+  // value it waits to see change.
+  std::string waiting_in;
+  const std::atomic<std::uint32_t>* blocked_on = nullptr;
+  std::uint32_t blocked_generation = 0;
   // The last collectives it entered, for error reports: entered % recent.size() is the next slot.
   std::uint64_t entered = 0;
   std::array<std::string, 3> recent;
+  // The communicators this device met, by the names they span (its own thread only).
+  std::vector<std::pair<std::string, std::pair<communicator*, std::size_t>>> met;
 
   void enter(const std::string& signature) {
+    std::lock_guard guard(lock);
     recent[entered % recent.size()] = signature;  // reuses the slot's capacity
     ++entered;
   }
+  void block(std::string_view what, const std::atomic<std::uint32_t>* generation, std::uint32_t value) {
+    std::lock_guard guard(lock);
+    waiting_in = what, blocked_on = generation, blocked_generation = value;
+  }
+  void unblock() {
+    std::lock_guard guard(lock);
+    waiting_in.clear(), blocked_on = nullptr;
+  }
+  /// What it sleeps in, if it sleeps in a rendezvous that nobody has completed yet.
+  [[nodiscard]] std::optional<std::string> stuck_in() {
+    std::lock_guard guard(lock);
+    if (blocked_on && blocked_on->load() == blocked_generation) return waiting_in;
+    return std::nullopt;
+  }
 };
 
-/// Everything the devices of one outermost pmap share: one lock for all their rendezvous,
-/// the devices by path (for departure and deadlock checks) and the communicators by key.
+/// Everything the devices of one outermost pmap share: one lock for their bookkeeping, the
+/// devices by path (for departure and deadlock checks) and the communicators by key.
 struct world {
   std::mutex lock;
-  std::condition_variable wake;
-  std::atomic<bool> poisoned{false};  // read without the lock by spinning waiters
+  std::atomic<bool> poisoned{false};  // read without the lock by waiting devices
   std::string reason;
   std::exception_ptr first_error;  // the first exception any device threw, and where
   std::string error_note;
-  int running = 0;  // devices running user code (not joined on a nested pmap)
-  int waiting = 0;  // of those, devices blocked in a rendezvous
+  std::atomic<int> running{0};  // devices running user code (not joined on a nested pmap)
   std::unordered_map<std::string, std::shared_ptr<device_record>> devices;
   std::unordered_map<std::string, std::unique_ptr<communicator>> communicators;
 
+  /// Makes every waiting device give up (they look at least once a millisecond).
   void poison(std::string why) {
     if (!poisoned) reason = std::move(why), poisoned = true;
-    wake.notify_all();
+  }
+
+  /// Every running device sleeps in a rendezvous nobody can complete (call with the lock held).
+  [[nodiscard]] bool deadlocked() {
+    int stuck = 0;
+    for (const auto& entry : devices) stuck += entry.second->now == device_record::state::running && entry.second->stuck_in();
+    return stuck == running;
   }
 
   /// "last collectives entered" per device, for error messages (call with the lock held).
   [[nodiscard]] std::string recent_collectives() const {
-    std::vector<const device_record*> order;
+    std::vector<device_record*> order;
     for (const auto& entry : devices) order.push_back(entry.second.get());
     std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return natural_less(a->path, b->path); });
     constexpr std::size_t shown = 16;
     std::string text = "\nlast collectives each device entered:";
     for (std::size_t k = 0; k < order.size() && k < shown; ++k) {
-      const device_record& d = *order[k];
+      device_record& d = *order[k];
+      std::lock_guard guard(d.lock);
       text += message("\n  device ", d.path, ":");
       if (d.entered == 0) text += " none";
       const std::uint64_t first = d.entered > d.recent.size() ? d.entered - d.recent.size() : 0;
