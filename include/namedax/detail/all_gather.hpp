@@ -96,7 +96,9 @@ xt::xarray<T> all_gather_rule(std::string_view verb, strided_block<T> in, std::s
   const std::size_t out_rank = positional.size();
 
   // Member k of the group goes to index k (tiled: block k) along the gathered axis.
-  auto [slot_strides, step] = gathered_slots(out.shape(), a, tile, tiled);
+  auto slots = gathered_slots(out.shape(), a, tile, tiled);
+  auto& slot_strides = slots.first;
+  const std::ptrdiff_t step = slots.second;
   if (auto whole = varies ? std::nullopt : members_as_block(frame, axes, groups, g)) {
     slot_strides.push_back(step);
     copy_strided(*whole, out.data() + frame.vectorized_offset(0, out_strides, out_rank), slot_strides);

@@ -49,12 +49,11 @@ namespace namedax::detail {
   }
 }
 
-inline tbb::task_arena& device_arena() {
-  // TBB caps concurrency at the core count unless both the arena and the global limit allow
-  // more; even then it promises nothing, hence the fallback threads in run_devices.
+/// Lets TBB run up to 256 tasks at once (it caps concurrency at the core count unless the
+/// global limit allows more; even then it promises nothing, hence the fallback threads in
+/// run_devices).
+inline void allow_many_devices() {
   static tbb::global_control limit(tbb::global_control::max_allowed_parallelism, 256);
-  static tbb::task_arena arena(256, 1);
-  return arena;
 }
 
 /// Runs `body(d)` for d in [0, n) concurrently, each on a thread whose frame stack is the
@@ -137,7 +136,10 @@ void run_devices(std::string_view name, std::size_t n, Body&& body) {
   };
 
 #ifndef NAMEDAX_DEVICES_ON_STD_THREADS
-  auto& arena = device_arena();
+  // An arena of this map's own, as wide as it has devices: TBB wakes that many workers for
+  // it, not a worker for every slot of a wide shared arena (idle workers spin).
+  allow_many_devices();
+  tbb::task_arena arena(static_cast<int>(std::min<std::size_t>(n, 256)), 0);
   for (std::size_t d = 0; d < n; ++d) arena.enqueue([run, d] { run(d); });
 
   // Devices TBB has not started after a short grace period get a thread of their own.
