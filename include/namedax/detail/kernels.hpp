@@ -140,23 +140,35 @@ std::array<B, B::size> load_rows(const T* at, std::ptrdiff_t row) {
   }(std::make_index_sequence<B::size>{});
 }
 
-/// b[k] = op(b[k], a[k]) for k < n, contiguous: four batches at a time, redone with the scalar
-/// form when their `a` holds a NaN (rare: one test per four batches), and the scalar form for
-/// the tail.
+/// Whether the batches `y` may hold a NaN that the batch form of `op` gets wrong, in one test:
+/// their sum is NaN when any lane is (or when infinities of both signs meet: a needless redo).
+template <class Op, class B, std::size_t U>
+bool may_hold_nan(const std::array<B, U>& y) {
+  if constexpr (Op::checks_nan && std::is_floating_point_v<typename B::value_type>) {
+    B probe = y[0];
+    for (std::size_t j = 1; j < U; ++j) probe = probe + y[j];
+    return xsimd::any(xsimd::isnan(probe));
+  } else {
+    return false;
+  }
+}
+
+/// b[k] = op(b[k], a[k]) for k < n, contiguous: eight batches at a time, redone with the scalar
+/// form when their `a` may hold a NaN (rare), and the scalar form for the tail.
 template <class T, class Op>
 void fold_line(T* b, const T* a, std::size_t n, Op op) {
   std::size_t k = 0;
   if constexpr (has_batch<T>) {
     using B = xsimd::batch<T>;
-    constexpr std::size_t step = 4 * B::size;
+    constexpr std::size_t unroll = 8, step = unroll * B::size;
     for (; k + step <= n; k += step) {
-      const std::array<B, 4> y{B::load_unaligned(a + k), B::load_unaligned(a + k + B::size),
-                               B::load_unaligned(a + k + 2 * B::size), B::load_unaligned(a + k + 3 * B::size)};
-      if (xsimd::any(nan_lanes<Op>(y[0]) | nan_lanes<Op>(y[1]) | nan_lanes<Op>(y[2]) | nan_lanes<Op>(y[3]))) {
+      std::array<B, unroll> y;
+      for (std::size_t j = 0; j < unroll; ++j) y[j] = B::load_unaligned(a + k + j * B::size);
+      if (may_hold_nan<Op>(y)) {
         for (std::size_t l = k; l < k + step; ++l) b[l] = op(b[l], a[l]);
         continue;
       }
-      for (std::size_t j = 0; j < 4; ++j) op(B::load_unaligned(b + k + j * B::size), y[j]).store_unaligned(b + k + j * B::size);
+      for (std::size_t j = 0; j < unroll; ++j) op(B::load_unaligned(b + k + j * B::size), y[j]).store_unaligned(b + k + j * B::size);
     }
   }
   for (; k < n; ++k) b[k] = op(b[k], a[k]);
