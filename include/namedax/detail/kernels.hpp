@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Loops every rule shares: strided line iteration, the fixed-order fold of several members,
 // strided copies, and the allocation of outputs, on raw pointers so that no xtensor stepper
-// sits on a hot path.
+// sits on a hot path; the hot loops on xsimd batches, with the scalar loops' bits.
 #pragma once
 
 #include <algorithm>
@@ -329,7 +329,8 @@ void fold_members(std::span<const T* const> members, std::span<const std::size_t
   const auto spacing = even_spacing(members);
   const T* first = members.front();
   // Members of one element closer together than consecutive elements (the named axis is the
-  // innermost dimension): fold each element's contiguous group in a register, as a hand loop does.
+  // innermost dimension): fold each element's group in a register (adjacent members: several
+  // elements at a time, one per lane of a batch).
   const auto gather_groups = [&](std::ptrdiff_t is) {
     return spacing && (is == 0 || (*spacing < 0 ? -*spacing : *spacing) < (is < 0 ? -is : is));
   };
