@@ -30,24 +30,46 @@ inline std::optional<std::vector<std::string_view>> thread_axes(std::span<const 
   return names;
 }
 
-/// What each member offers: its input, and (rank 0) the output all of them share.
+/// An exchange among the device threads spanned by `names` in which each member offers its
+/// input and rank 0 also the output, of `shape`, that all of them then share. The output is
+/// given back to the pool when its last reference goes.
 template <class T>
-struct shared_output_offer {
-  const T* in;
-  const std::shared_ptr<xt::xarray<T>>* out;
+class shared_output_exchange {
+ public:
+  shared_output_exchange(std::span<const std::string_view> names, const T* in, collective_call call,
+                         std::span<const std::size_t> shape)
+      : mine_{in, &out_} {
+    membership m = join(names);
+    if (m.rank == 0)
+      out_ = std::shared_ptr<xt::xarray<T>>(new xt::xarray<T>(uninitialized_array<T>(shape)), recycle_on_release<T>{});
+    exchange_.emplace(std::move(m), &mine_, std::move(call));
+    if (exchange_->rank() != 0) out_ = *offer(0).out;
+  }
+  shared_output_exchange(const shared_output_exchange&) = delete;  // the others hold pointers into it
+  shared_output_exchange& operator=(const shared_output_exchange&) = delete;
+  [[nodiscard]] std::size_t rank() const { return exchange_->rank(); }
+  [[nodiscard]] std::size_t size() const { return exchange_->size(); }
+  [[nodiscard]] const T* input(std::size_t member) const { return offer(member).in; }
+  [[nodiscard]] T* output() const { return out_->data(); }
+  /// Waits until every member is done writing, and returns the output.
+  shared_array<T> finish() {
+    exchange_->release();
+    return shared_array<T>(std::move(out_));
+  }
+
+ private:
+  struct offered {
+    const T* in;
+    const std::shared_ptr<xt::xarray<T>>* out;
+  };
+  [[nodiscard]] const offered& offer(std::size_t member) const {
+    return *static_cast<const offered*>(exchange_->slot(member));
+  }
+
+  std::shared_ptr<xt::xarray<T>> out_;
+  offered mine_;
+  std::optional<pointer_exchange> exchange_;
 };
-
-/// The output that rank 0 of `exchange` offered.
-template <class T>
-std::shared_ptr<xt::xarray<T>> shared_output(const pointer_exchange& exchange) {
-  return *static_cast<const shared_output_offer<T>*>(exchange.slot(0))->out;
-}
-
-/// A new array for a shared output, given back to the pool when its last reference goes.
-template <class T>
-std::shared_ptr<xt::xarray<T>> new_shared_output(std::span<const std::size_t> shape) {
-  return std::shared_ptr<xt::xarray<T>>(new xt::xarray<T>(uninitialized_array<T>(shape)), recycle_on_release<T>{});
-}
 
 /// psum, pmean, pmax, pmin. Device r folds chunk r of the members, in rank order (the rule's
 /// order, so the bits are the same), into the one output; after the second barrier it is
@@ -60,25 +82,21 @@ std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_thread
   if (groups || count * sizeof(T) < chunked_reduction_bytes || in.strides != row_major_strides(in.shape)) return std::nullopt;
   const auto names = thread_axes(axes);
   if (!names) return std::nullopt;
-  std::shared_ptr<xt::xarray<T>> out;
-  if (std::all_of(axes.begin(), axes.end(), [](const named_axis& a) { return a.index == 0; })) out = new_shared_output<T>(in.shape);
-  const shared_output_offer<T> mine{in.data, &out};
-  pointer_exchange exchange(join(*names), &mine, call_of<T>(verb, axes, "", std::nullopt, in.shape));
+  shared_output_exchange<T> exchange(*names, in.data, call_of<T>(verb, axes, "", std::nullopt, in.shape), in.shape);
   const std::size_t n = exchange.size(), r = exchange.rank();
-  if (r != 0) out = shared_output<T>(exchange);
   // Chunk r, folded by the rule's own loop, in pieces that stay in cache.
   constexpr std::size_t piece = std::size_t{1} << 16;
   const std::ptrdiff_t unit[] = {1};
   std::vector<const T*> sources(n);
   for (std::size_t lo = r * count / n, end = (r + 1) * count / n; lo < end; lo += piece) {
     const std::size_t length[] = {std::min(piece, end - lo)};
-    for (std::size_t m = 0; m < n; ++m) sources[m] = static_cast<const shared_output_offer<T>*>(exchange.slot(m))->in + lo;
-    fold_members<T>(sources, length, unit, out->data() + lo, unit, op);
+    for (std::size_t m = 0; m < n; ++m) sources[m] = exchange.input(m) + lo;
+    fold_members<T>(sources, length, unit, exchange.output() + lo, unit, op);
   }
-  exchange.release();
+  auto out = exchange.finish();
   xt::xarray<float> divisor = xt::xarray<float>::from_shape(std::vector<std::size_t>(in.shape.size(), 1));
   divisor.fill(static_cast<float>(n));
-  return std::pair{shared_array<T>(std::move(out)), std::move(divisor)};
+  return std::pair{std::move(out), std::move(divisor)};
 }
 
 /// all_gather without groups: each device copies its own member into its place in the one
@@ -98,15 +116,11 @@ std::optional<shared_array<T>> gather_among_threads(std::string_view verb, const
   out_shape.insert(out_shape.end(), in.shape.begin() + static_cast<std::ptrdiff_t>(positional_rank), in.shape.end());
   const auto [slot_strides, step] = gathered_slots(out_shape, a, tile, tiled);
 
-  std::shared_ptr<xt::xarray<T>> out;
-  if (std::all_of(axes.begin(), axes.end(), [](const named_axis& ax) { return ax.index == 0; })) out = new_shared_output<T>(out_shape);
-  const shared_output_offer<T> mine{in.data, &out};
-  pointer_exchange exchange(join(*names), &mine,
-                            call_of<T>(verb, axes, message(" at axis ", axis, tiled ? ", tiled" : ""), std::nullopt, in.shape));
-  if (exchange.rank() != 0) out = shared_output<T>(exchange);
-  copy_strided(in, out->data() + static_cast<std::ptrdiff_t>(exchange.rank()) * step, slot_strides);
-  exchange.release();
-  return shared_array<T>(std::move(out));
+  shared_output_exchange<T> exchange(
+      *names, in.data, call_of<T>(verb, axes, message(" at axis ", axis, tiled ? ", tiled" : ""), std::nullopt, in.shape),
+      out_shape);
+  copy_strided(in, exchange.output() + static_cast<std::ptrdiff_t>(exchange.rank()) * step, slot_strides);
+  return exchange.finish();
 }
 
 }  // namespace namedax::detail

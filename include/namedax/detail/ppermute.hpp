@@ -86,7 +86,7 @@ xt::xarray<T> ppermute_rule(std::string_view verb, strided_block<T> in, std::siz
 /// along which `mine` varies.
 template <class Shared>
 std::optional<Shared> permute_by_reference(std::string_view verb, const Shared& mine, std::span<const named_axis> axes,
-                            const permutation_t& perm) {
+                                           const permutation_t& perm) {
   using T = typename Shared::value_type;
   const auto from = senders(verb, axes, perm, member_count(axes));
   std::vector<std::string_view> names;
