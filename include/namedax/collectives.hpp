@@ -564,9 +564,7 @@ constexpr std::size_t static_axis_size() {
 }
 template <class Perm, std::size_t Extent>
 inline constexpr bool permutation_fits_axis_size = Extent == dynamic_extent || Perm::largest < static_cast<int>(Extent);
-}  // namespace detail
 
-namespace detail {
 /// ppermute and pshuffle on one leaf; `pairs_of(axes)` gives the (source, destination) pairs.
 /// An array moved among device threads only is handed over by reference (permute_by_reference).
 template <class Verb, class X, class... Names, class PairsOf>
@@ -585,15 +583,9 @@ auto permute_leaf(const X& x, type_list<Names...> names, PairsOf pairs_of) {
       const bool among_threads = std::all_of(axes.begin(), axes.end(), [](const named_axis& a) {
         return a.place == placement::devices && a.varies && !find_frame(a.name)->processes;
       });
-      if (among_threads) {
-        auto received = permute_by_reference(Verb::name, x.payload(), axes, pairs_of(std::span<const named_axis>(axes)));
-        if (!received) {
-          auto zeros = uninitialized_array<T>(x.payload().shape());
-          std::fill(zeros.data(), zeros.data() + zeros.size(), T{});
-          received = share_array<T>(std::move(zeros));
-        }
-        return make_named<shared_array<T>, Env, X::varying | Env::template mask_of<Names...>()>(std::move(*received));
-      }
+      if (among_threads)
+        return make_named<shared_array<T>, Env, X::varying | Env::template mask_of<Names...>()>(
+            permute_by_reference(Verb::name, x.payload(), axes, pairs_of(std::span<const named_axis>(axes))));
     }
   }
   return collective_leaf<Verb, false, false>(x, names, moved);

@@ -79,23 +79,26 @@ xt::xarray<T> ppermute_rule(std::string_view verb, strided_block<T> in, std::siz
   return out;
 }
 
-/// ppermute among device threads of a whole array `mine` (a shared array type): the receiver
-/// gets the sender's array itself. Values are never written once made, so a move between
-/// threads is a move of a reference, as a move between variables would be; indices that
-/// receive nothing get nullopt (zeros, for the caller). `axes` must all be device-thread axes
-/// along which `mine` varies.
-template <class Shared>
-std::optional<Shared> permute_by_reference(std::string_view verb, const Shared& mine, std::span<const named_axis> axes,
-                                           const permutation_t& perm) {
-  using T = typename Shared::value_type;
+/// ppermute among device threads of a whole array: the receiver gets the sender's array
+/// itself. Values are never written once made, so a move between threads is a move of a
+/// reference, as a move between variables would be; indices that receive nothing get zeros.
+/// `axes` must all be device-thread axes along which `mine` varies.
+template <class T>
+shared_array<T> permute_by_reference(std::string_view verb, const shared_array<T>& mine,
+                                     std::span<const named_axis> axes, const permutation_t& perm) {
   const auto from = senders(verb, axes, perm, member_count(axes));
   std::vector<std::string_view> names;
   for (const auto& ax : axes) names.push_back(ax.name);
   const std::vector<std::size_t> shape(mine.shape().begin(), mine.shape().end());
   pointer_exchange exchange(join(names), &mine, call_of<T>(verb, axes, message(" with pairs ", perm), std::nullopt, shape));
   const long source = from[exchange.rank()];
-  std::optional<Shared> received;
-  if (source >= 0) received.emplace(*static_cast<const Shared*>(exchange.slot(static_cast<std::size_t>(source))));
+  if (source < 0) {
+    exchange.release();
+    auto zeros = uninitialized_array<T>(shape);
+    std::fill(zeros.data(), zeros.data() + zeros.size(), T{});
+    return share_array<T>(std::move(zeros));
+  }
+  shared_array<T> received = *static_cast<const shared_array<T>*>(exchange.slot(static_cast<std::size_t>(source)));
   exchange.release();
   return received;
 }
