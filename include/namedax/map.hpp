@@ -294,10 +294,9 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
         grid->finish(std::current_exception(), "", what);
       }
       std::string shapes;
-      tree_map(*mine, [&](const auto& leaf) {
+      tree_for_each(*mine, [&](const auto& leaf) {
         shapes += message(" ", std::vector<std::size_t>(leaf.shape().begin(), leaf.shape().end()), " ",
                           dtype_name<typename std::remove_cvref_t<decltype(leaf)>::value_type>());
-        return 0;
       });
       grid->finish(nullptr, message("return from ", what, " with results", shapes), what);
       const std::string_view names[] = {A::name};

@@ -477,6 +477,13 @@ auto tree_map(const X& x, Leaf&& leaf) {
   }
 }
 
+/// Calls `f` on every leaf of a pytree, in order.
+template <class X, class F>
+void tree_for_each(const X& x, F&& f) {
+  if constexpr (is_node<X>) std::apply([&](const auto&... xs) { (tree_for_each(xs, f), ...); }, children(x));
+  else f(x);
+}
+
 /// Applies an xtensor elementwise function to operands, broadcasting by name.
 template <class Fn, class... Xs>
 auto elementwise(Fn fn, const Xs&... xs) {
