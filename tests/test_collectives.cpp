@@ -382,21 +382,13 @@ TEST_SUITE("vectorized fast paths") {
   // the members that fill whole batches) and in the elements past the last whole batch, two
   // NaNs in one element (the later wins), +0 and -0 ties, integers of two widths; the named
   // axis first, in the middle and last.
-  template <class T>
-  T naive_max(T a, T b) {
+  template <bool Max, class T>
+  T naive_extreme(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) {
       if (std::isnan(b)) return b;
       if (std::isnan(a)) return a;
     }
-    return a < b ? b : a;
-  }
-  template <class T>
-  T naive_min(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
-      if (std::isnan(b)) return b;
-      if (std::isnan(a)) return a;
-    }
-    return b < a ? b : a;
+    return (Max ? a < b : b < a) ? b : a;
   }
   template <class T>
   bool same_or_both_nan(T a, T b) {
@@ -437,7 +429,8 @@ TEST_SUITE("vectorized fast paths") {
         for (std::size_t e = 0; e < elements; ++e) {
           T sum = at(0, e), largest = at(0, e), smallest = at(0, e);
           for (std::size_t i = 1; i < n; ++i)
-            sum = static_cast<T>(sum + at(i, e)), largest = naive_max(largest, at(i, e)), smallest = naive_min(smallest, at(i, e));
+            sum = static_cast<T>(sum + at(i, e)), largest = naive_extreme<true>(largest, at(i, e)),
+            smallest = naive_extreme<false>(smallest, at(i, e));
           for (std::size_t i = 0; i < n; ++i) {
             INFO("element ", e, ", index ", i);
             CHECK(same_or_both_nan(vs.data()[i * elements + e], sum));

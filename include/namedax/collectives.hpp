@@ -580,12 +580,9 @@ auto permute_leaf(const X& x, type_list<Names...> names, PairsOf pairs_of) {
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(x.payload())>, shared_array<T>>) {
       require_bound<Verb, Env, Names...>();
       const auto axes = describe_named_axes<X, Names...>(Verb::name);
-      const bool among_threads = std::all_of(axes.begin(), axes.end(), [](const named_axis& a) {
-        return a.place == placement::devices && a.varies && !find_frame(a.name)->processes;
-      });
-      if (among_threads)
+      if (const auto threads = thread_axes(axes))
         return make_named<shared_array<T>, Env, X::varying | Env::template mask_of<Names...>()>(
-            permute_by_reference(Verb::name, x.payload(), axes, pairs_of(std::span<const named_axis>(axes))));
+            permute_by_reference(Verb::name, x.payload(), axes, *threads, pairs_of(std::span<const named_axis>(axes))));
     }
   }
   return collective_leaf<Verb, false, false>(x, names, moved);

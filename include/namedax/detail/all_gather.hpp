@@ -61,6 +61,9 @@ std::optional<strided_block<T>> members_as_block(const collective_frame<T>& fram
   return block;
 }
 
+/// all_gather's options in the user's words, as its call's signature shows them.
+inline std::string gather_options(int axis, bool tiled) { return message(" at axis ", axis, tiled ? ", tiled" : ""); }
+
 /// all_gather's positional output dims: dim `a` times `g` (tiled), or `g` inserted at `a`.
 inline std::vector<std::size_t> gathered_positional(std::vector<std::size_t> positional, std::size_t a, std::size_t g,
                                                     bool tiled) {
@@ -83,8 +86,7 @@ template <class T>
 xt::xarray<T> all_gather_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
                               std::span<const named_axis> axes, const std::optional<groups_t>& groups, int axis,
                               bool tiled, bool varies) {
-  collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true,
-                            message(" at axis ", axis, tiled ? ", tiled" : ""));
+  collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true, gather_options(axis, tiled));
   const std::size_t g = frame.groups().members.front().size();
   std::vector<std::size_t> positional(frame.in_shape().begin(),
                                       frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));

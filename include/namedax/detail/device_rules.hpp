@@ -19,7 +19,7 @@ namespace namedax::detail {
 inline constexpr std::size_t chunked_reduction_bytes = std::size_t{256} << 10;
 
 /// The names of `axes` when every one is an axis of device threads along which the operand
-/// varies; else nothing.
+/// varies (the case of the shared outputs here and of ppermute by reference); else nothing.
 inline std::optional<std::vector<std::string_view>> thread_axes(std::span<const named_axis> axes) {
   std::vector<std::string_view> names;
   for (const auto& ax : axes) {
@@ -116,9 +116,8 @@ std::optional<shared_array<T>> gather_among_threads(std::string_view verb, const
   out_shape.insert(out_shape.end(), in.shape.begin() + static_cast<std::ptrdiff_t>(positional_rank), in.shape.end());
   const auto [slot_strides, step] = gathered_slots(out_shape, a, tile, tiled);
 
-  shared_output_exchange<T> exchange(
-      *names, in.data, call_of<T>(verb, axes, message(" at axis ", axis, tiled ? ", tiled" : ""), std::nullopt, in.shape),
-      out_shape);
+  shared_output_exchange<T> exchange(*names, in.data, call_of<T>(verb, axes, gather_options(axis, tiled), std::nullopt, in.shape),
+                                     out_shape);
   copy_strided(in, exchange.output() + static_cast<std::ptrdiff_t>(exchange.rank()) * step, slot_strides);
   return exchange.finish();
 }

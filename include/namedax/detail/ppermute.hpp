@@ -11,6 +11,9 @@ namespace namedax::detail {
 
 using permutation_t = std::vector<std::pair<int, int>>;
 
+/// ppermute's options in the user's words, as its call's signature shows them.
+inline std::string pairs_options(const permutation_t& perm) { return message(" with pairs ", perm); }
+
 /// For each rank, the rank it receives from, or -1; sources and destinations must be unique.
 inline std::vector<long> senders(std::string_view verb, std::span<const named_axis> axes, const permutation_t& perm,
                                  std::size_t total) {
@@ -57,7 +60,7 @@ template <class T>
 xt::xarray<T> ppermute_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
                             std::span<const named_axis> axes, const permutation_t& perm) {
   collective_frame<T> frame(verb, std::move(in), positional_rank, axes, std::nullopt, false,
-                            message(" with pairs ", perm));
+                            pairs_options(perm));
   const auto from = senders(verb, axes, perm, frame.total());
   std::vector<std::size_t> positional(frame.in_shape().begin(),
                                       frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
@@ -82,15 +85,14 @@ xt::xarray<T> ppermute_rule(std::string_view verb, strided_block<T> in, std::siz
 /// ppermute among device threads of a whole array: the receiver gets the sender's array
 /// itself. Values are never written once made, so a move between threads is a move of a
 /// reference, as a move between variables would be; indices that receive nothing get zeros.
-/// `axes` must all be device-thread axes along which `mine` varies.
+/// `names` are `axes`' names, all device-thread axes along which `mine` varies (thread_axes).
 template <class T>
 shared_array<T> permute_by_reference(std::string_view verb, const shared_array<T>& mine,
-                                     std::span<const named_axis> axes, const permutation_t& perm) {
+                                     std::span<const named_axis> axes, std::span<const std::string_view> names,
+                                     const permutation_t& perm) {
   const auto from = senders(verb, axes, perm, member_count(axes));
-  std::vector<std::string_view> names;
-  for (const auto& ax : axes) names.push_back(ax.name);
   const std::vector<std::size_t> shape(mine.shape().begin(), mine.shape().end());
-  pointer_exchange exchange(join(names), &mine, call_of<T>(verb, axes, message(" with pairs ", perm), std::nullopt, shape));
+  pointer_exchange exchange(join(names), &mine, call_of<T>(verb, axes, pairs_options(perm), std::nullopt, shape));
   const long source = from[exchange.rank()];
   if (source < 0) {
     exchange.release();

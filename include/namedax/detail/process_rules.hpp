@@ -128,7 +128,7 @@ std::optional<xt::xarray<T>> all_to_all_across_processes(std::string_view verb, 
 template <class T>
 std::optional<xt::xarray<T>> ppermute_across_processes(std::string_view verb, const strided_block<T>& in,
                                                        std::span<const named_axis> axes, const permutation_t& perm) {
-  auto call = whole_payloads<T>(verb, in, axes, std::nullopt, false, message(" with pairs ", perm));
+  auto call = whole_payloads<T>(verb, in, axes, std::nullopt, false, pairs_options(perm));
   if (!call) return std::nullopt;
   const auto from = senders(verb, axes, perm, member_count(axes));
   const auto me = static_cast<long>(call->channel->rank());

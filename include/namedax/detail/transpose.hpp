@@ -92,8 +92,7 @@ template <class T>
 xt::xarray<T> own_chunk_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
                              std::span<const named_axis> axes, const std::optional<groups_t>& groups, int axis,
                              bool tiled, bool scaled) {
-  collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true,
-                            message(" at axis ", axis, tiled ? ", tiled" : ""));
+  collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true, gather_options(axis, tiled));
   const std::size_t g = frame.groups().members.front().size();
   std::vector<std::size_t> positional(frame.in_shape().begin(),
                                       frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
