@@ -18,6 +18,8 @@
 #include <namedax/detail/reduction.hpp>
 #include <namedax/named_array.hpp>
 
+#include <xtensor/xnoalias.hpp>
+
 #include <algorithm>
 #include <array>
 #include <concepts>
@@ -84,14 +86,17 @@ std::array<named_axis, sizeof...(Names)> describe_named_axes([[maybe_unused]] st
 
 /// The value of a reduction from its result and pmean's divisor, typed for leaf X.
 template <reduction K, bool Grouped, class X, class... Names, class Sum>
-auto reduced_value(Sum sum, const xt::xarray<float>& divisor, float positional_count) {
+auto reduced_value(Sum sum, xt::xarray<float>&& divisor, float positional_count) {
   using Env = typename X::env_type;
   using R = reduction_result_t<K, typename X::value_type>;
   constexpr axis_mask reduced = Env::template mask_of<Names...>();
   // Without groups the result is the same along the reduced axes; with groups it is not.
   constexpr axis_mask out_varying = Grouped ? (X::varying | reduced) : (X::varying & ~reduced);
   if constexpr (K == reduction::mean) {
-    xt::xarray<R> mean = xt::cast<R>(sum) / (xt::cast<R>(divisor) * static_cast<R>(positional_count));
+    auto mean = uninitialized_array<R>(sum.shape());
+    xt::noalias(mean) = xt::cast<R>(sum) / (xt::cast<R>(divisor) * static_cast<R>(positional_count));
+    recycle(std::move(divisor));
+    if constexpr (!std::is_same_v<Sum, shared_array<typename Sum::value_type>>) recycle(std::move(sum));
     return make_named<shared_array<R>, Env, out_varying>(share_array<R>(std::move(mean)));
   } else if constexpr (std::is_same_v<Sum, shared_array<R>>) {
     return make_named<shared_array<R>, Env, out_varying>(std::move(sum));
@@ -121,7 +126,7 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     using T = accumulate_t<K, typename X::value_type>;
     auto op = reduction_op<K>();
 
-    xt::xarray<T> storage;
+    xt::xarray<T> storage = empty_array<T>();
     strided_block<T> in = block_in_memory<T>(x.payload(), storage);
     const std::size_t rank = in.shape.size() - Env::vectorized_count;
     auto dims = canonical_positional(verb, list.positional, rank);
@@ -134,14 +139,14 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     const std::size_t kept_rank = rank - dims.size();
 
     auto named_axes = describe_named_axes<X, Names...>(verb);
-    if (auto shared = reduce_among_threads<T>(verb, in, named_axes, groups, op))
-      return reduced_value<K, Grouped, X, Names...>(std::move(shared->first), shared->second, positional_count);
+    if (auto shared = reduce_among_threads<T>(verb, in, named_axes, groups, K == reduction::mean, op))
+      return reduced_value<K, Grouped, X, Names...>(std::move(shared->first), std::move(shared->second), positional_count);
     auto across = reduce_across_processes<T>(verb, in, named_axes, groups, fold_of<K>());
     auto [sum, divisor] = across ? std::move(*across)
                                  : reduce_named<T>(verb, std::move(in), kept_rank, named_axes, groups,
-                                                   K == reduction::sum || K == reduction::mean, op);
+                                                   K == reduction::sum || K == reduction::mean, K == reduction::mean, op);
 
-    return reduced_value<K, Grouped, X, Names...>(std::move(sum), divisor, positional_count);
+    return reduced_value<K, Grouped, X, Names...>(std::move(sum), std::move(divisor), positional_count);
   } else {
     static_assert(PlainValue<X>, "namedax: a collective takes named values, xtensor expressions or scalars");
     // A plain value varies along no axis: it is replicated, psum gives size * x.
@@ -224,7 +229,7 @@ auto fused_across_processes(const X& x, const std::optional<groups_t>& groups) {
     using L = std::remove_cvref_t<std::tuple_element_t<I, parts>>;
     auto part = xt::xarray<T>::from_shape(blocks[I].shape);
     std::copy_n(reduced.data() + offsets[I], part.size(), part.data());
-    return reduced_value<K, Grouped, L, Names...>(std::move(part), divisor, 1.0f);
+    return reduced_value<K, Grouped, L, Names...>(std::move(part), xt::xarray<float>(divisor), 1.0f);
   };
   out.emplace([&]<std::size_t... I>(std::index_sequence<I...>) {
     return make_like<X>(leaf_result.template operator()<I>()...);
@@ -334,7 +339,7 @@ auto collective_leaf(const X& x, type_list<Names...> names, Rule rule) {
     using Env = typename X::env_type;
     require_bound<Verb, Env, Names...>();
     using T = std::conditional_t<Sums && std::is_same_v<typename X::value_type, bool>, std::int32_t, typename X::value_type>;
-    xt::xarray<T> storage;
+    xt::xarray<T> storage = empty_array<T>();
     strided_block<T> in = block_in_memory<T>(x.payload(), storage);
     const std::size_t positional_rank = in.shape.size() - Env::vectorized_count;
     const auto axes = describe_named_axes<X, Names...>(Verb::name);
@@ -610,7 +615,11 @@ struct ppermute_fn {
   auto operator()(const X& x, const A& axes, const std::vector<std::pair<int, int>>& perm) const {
     auto names = detail::names_only(detail::to_axis_list(axes));
     return detail::tree_map(x, [&](const auto& leaf) {
-      return detail::permute_leaf<ppermute_fn>(leaf, names, [perm](auto) -> const auto& { return perm; });
+      // A deferred value keeps its own copy of the pairs until it is resolved.
+      if constexpr (DeferredValue<std::remove_cvref_t<decltype(leaf)>>)
+        return detail::permute_leaf<ppermute_fn>(leaf, names, [perm](auto) -> const auto& { return perm; });
+      else
+        return detail::permute_leaf<ppermute_fn>(leaf, names, [&perm](auto) -> const auto& { return perm; });
     });
   }
 };

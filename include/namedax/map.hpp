@@ -109,18 +109,21 @@ inline constexpr axis_mask result_mask = decltype(to_inner<Inner>(std::declval<c
 /// Where a map's output goes: its shape (a slab's, with the mapped axis of `count` inserted
 /// at out_axes), the strides of a slab's dims in it, and the step from one slab to the next.
 struct stacked_layout {
-  std::vector<std::size_t> shape;
-  std::vector<std::ptrdiff_t> slab_strides;
+  dims_t shape;
+  strides_t slab_strides;
   std::ptrdiff_t slot_step;
 };
 
 template <class Outer>
-stacked_layout stack_layout(std::string_view verb, std::string_view name, const std::vector<std::size_t>& slab,
+stacked_layout stack_layout(std::string_view verb, std::string_view name, std::span<const std::size_t> slab,
                             std::size_t count, int out_axes) {
   const std::size_t positional = slab.size() - Outer::vectorized_count;
   const std::size_t o = canonical_axis(verb, name, "out_axes", out_axes, positional + 1);
-  stacked_layout l{slab, {}, 0};
-  l.shape.insert(l.shape.begin() + static_cast<std::ptrdiff_t>(o), count);
+  stacked_layout l{{}, {}, 0};
+  for (std::size_t k = 0; k <= slab.size(); ++k) {
+    if (k == o) l.shape.push_back(count);
+    if (k < slab.size()) l.shape.push_back(slab[k]);
+  }
   l.slab_strides = row_major_strides(l.shape);
   l.slot_step = l.slab_strides[o];
   l.slab_strides.erase(l.slab_strides.begin() + static_cast<std::ptrdiff_t>(o));
@@ -307,8 +310,7 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
         using T = std::remove_cvref_t<decltype(*mine_block.data)>;
         if (own_slices) return std::vector<strided_block<T>>{mine_block};
         const std::size_t count = element_count(mine_block.shape);
-        std::shared_ptr<xt::xarray<T>> all(new xt::xarray<T>(uninitialized_array<T>(std::array{n * count})),
-                                           recycle_on_release<T>{});
+        std::shared_ptr<xt::xarray<T>> all = shared_storage(uninitialized_array<T>(std::array{n * count}));
         channel.allgather(mine_block.data, all->data(), count * sizeof(T));
         gathered.push_back(all);
         std::vector<strided_block<T>> slabs(n, {all->data(), mine_block.shape, row_major_strides(mine_block.shape)});

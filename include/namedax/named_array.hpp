@@ -217,7 +217,7 @@ void evaluate_tiles(const E& e, std::span<const std::size_t> shape, T* out, std:
   collect_operands(e, shape, operands, kept);
   std::vector<std::span<const std::ptrdiff_t>> layouts{out_strides};
   for (const auto& o : operands) layouts.emplace_back(o.strides);
-  const loop_nest nest = output_order(shape, std::move(layouts));
+  const auto nest = output_order(shape, layouts);
   if (nest.empty) return;
   const auto& sizes = nest.shape;
   const std::size_t width = operands.size() + 1;  // the output's strides, then each operand's

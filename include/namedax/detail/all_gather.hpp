@@ -62,11 +62,10 @@ std::optional<strided_block<T>> members_as_block(const collective_frame<T>& fram
 }
 
 /// all_gather's options in the user's words, as its call's signature shows them.
-inline std::string gather_options(int axis, bool tiled) { return message(" at axis ", axis, tiled ? ", tiled" : ""); }
+inline std::string_view gather_options(int axis, bool tiled) { return option_text(" at axis ", axis, tiled ? ", tiled" : ""); }
 
 /// all_gather's positional output dims: dim `a` times `g` (tiled), or `g` inserted at `a`.
-inline std::vector<std::size_t> gathered_positional(std::vector<std::size_t> positional, std::size_t a, std::size_t g,
-                                                    bool tiled) {
+inline dims_t gathered_positional(dims_t positional, std::size_t a, std::size_t g, bool tiled) {
   if (tiled) positional[a] *= g;
   else positional.insert(positional.begin() + static_cast<std::ptrdiff_t>(a), g);
   return positional;
@@ -74,10 +73,10 @@ inline std::vector<std::size_t> gathered_positional(std::vector<std::size_t> pos
 
 /// Where member k goes in an all_gather output of `out_shape` (row-major): at k * step, with
 /// the strides returned (untiled: without the gathered dim).
-inline std::pair<std::vector<std::ptrdiff_t>, std::ptrdiff_t> gathered_slots(std::span<const std::size_t> out_shape,
-                                                                              std::size_t a, std::size_t tile, bool tiled) {
+inline std::pair<strides_t, std::ptrdiff_t> gathered_slots(std::span<const std::size_t> out_shape, std::size_t a,
+                                                           std::size_t tile, bool tiled) {
   const auto out_strides = row_major_strides(out_shape);
-  std::vector<std::ptrdiff_t> slot_strides(out_strides.begin(), out_strides.end());
+  strides_t slot_strides = out_strides;
   if (!tiled) slot_strides.erase(slot_strides.begin() + static_cast<std::ptrdiff_t>(a));
   return {std::move(slot_strides), static_cast<std::ptrdiff_t>(tile) * out_strides[a]};
 }
@@ -88,8 +87,7 @@ xt::xarray<T> all_gather_rule(std::string_view verb, strided_block<T> in, std::s
                               bool tiled, bool varies) {
   collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true, gather_options(axis, tiled));
   const std::size_t g = frame.groups().members.front().size();
-  std::vector<std::size_t> positional(frame.in_shape().begin(),
-                                      frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
+  dims_t positional(frame.in_shape().begin(), frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
   const std::size_t a = positional_axis(verb, "axis", axis, tiled ? positional_rank : positional_rank + 1, axes);
   const std::size_t tile = tiled ? positional[a] : 1;
   positional = gathered_positional(std::move(positional), a, g, tiled);

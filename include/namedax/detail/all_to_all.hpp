@@ -12,11 +12,10 @@ xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::s
                               std::span<const named_axis> axes, const std::optional<groups_t>& groups, int split_axis,
                               int concat_axis, bool tiled, std::string_view split_name = "split_axis") {
   collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true,
-                            message(" with split_axis ", split_axis, " and concat_axis ", concat_axis,
-                                    tiled ? ", tiled" : ""));
+                            option_text(" with split_axis ", split_axis, " and concat_axis ", concat_axis,
+                                        tiled ? ", tiled" : ""));
   const std::size_t g = frame.groups().members.front().size();
-  std::vector<std::size_t> positional(frame.in_shape().begin(),
-                                      frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
+  dims_t positional(frame.in_shape().begin(), frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
   const std::size_t split = positional_axis(verb, split_name, split_axis, positional_rank, axes);
   const std::size_t concat = positional_axis(verb, "concat_axis", concat_axis, positional_rank, axes);
   const std::size_t chunk = chunk_length(verb, split_name, split_axis, positional[split], g, tiled, axes, groups.has_value());
@@ -31,7 +30,7 @@ xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::s
   if (tiled) positional[concat] *= g;
   auto out = uninitialized_array<T>(frame.output_shape(positional, true));
   const auto out_strides = row_major_strides(out.shape());
-  std::vector<std::ptrdiff_t> slot_strides(out_strides.begin(), out_strides.end());
+  strides_t slot_strides = out_strides;
   if (!tiled) slot_strides.erase(slot_strides.begin() + static_cast<std::ptrdiff_t>(concat));
   const std::ptrdiff_t step = static_cast<std::ptrdiff_t>(block) * out_strides[concat];
 

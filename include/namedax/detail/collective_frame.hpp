@@ -11,6 +11,7 @@
 
 #include <xtensor/xarray.hpp>
 
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -36,10 +37,27 @@ constexpr std::string_view dtype_name() {
   else return sizeof(T) == 4 ? "uint32" : sizeof(T) == 8 ? "uint64" : "uint";
 }
 
+/// Appends the axes as JAX prints a tuple of names: "('i',)", "('i', 'j')".
+inline void append_axes(std::string& out, std::span<const named_axis> axes) {
+  out += '(';
+  for (std::size_t k = 0; k < axes.size(); ++k) out += k ? ", '" : "'", out += axes[k].name, out += '\'';
+  out += axes.size() == 1 ? ",)" : ")";
+}
+
 inline std::string describe_axes(std::span<const named_axis> axes) {
-  std::vector<std::string> names;
-  for (const auto& a : axes) names.push_back(message('\'', a.name, '\''));
-  return message(names);
+  std::string text;
+  append_axes(text, axes);
+  return text;
+}
+
+/// A collective's parameters in the user's words, as its signature shows them, written into
+/// a buffer of this thread that keeps its capacity (valid until the thread's next call).
+template <class... Parts>
+std::string_view option_text(const Parts&... parts) {
+  thread_local std::string text;
+  text.clear();
+  (write_part(text, parts), ...);
+  return text;
 }
 
 /// The groups of a collective: each one's ranks in the order given (one group of every rank
@@ -49,18 +67,27 @@ struct group_layout {
   std::vector<std::size_t> group_of, position_of;
 };
 
+/// One group of every rank in order: made once per size and thread, and kept (a call
+/// without groups allocates nothing for them).
+inline const group_layout& ungrouped(std::size_t total) {
+  thread_local std::vector<std::unique_ptr<group_layout>> made;
+  for (const auto& g : made)
+    if (g->group_of.size() == total) return *g;
+  auto g = std::make_unique<group_layout>();
+  g->members.emplace_back(total);
+  std::iota(g->members[0].begin(), g->members[0].end(), std::size_t{0});
+  g->position_of = g->members[0];
+  g->group_of.assign(total, 0);
+  made.push_back(std::move(g));
+  return *made.back();
+}
+
 /// Checks that `groups` partition 0..total-1 (and have equal sizes where the collective needs it).
 inline group_layout make_groups(std::string_view verb, std::span<const named_axis> axes,
                                 const std::optional<groups_t>& groups, std::size_t total, bool equal_sizes) {
+  if (!groups) return ungrouped(total);
   group_layout g;
   g.group_of.assign(total, total), g.position_of.assign(total, 0);
-  if (!groups) {
-    g.members.emplace_back(total);
-    std::iota(g.members[0].begin(), g.members[0].end(), std::size_t{0});
-    std::iota(g.position_of.begin(), g.position_of.end(), std::size_t{0});
-    std::fill(g.group_of.begin(), g.group_of.end(), 0);
-    return g;
-  }
   const auto where = message("namedax::", verb, ": axis_index_groups over axis ", describe_axes(axes), " of size ", total);
   for (const auto& group : *groups) {
     if (group.empty()) fail(where, " has an empty group");
@@ -119,17 +146,27 @@ void make_row_major(strided_block<T>& in, xt::xarray<T>& storage) {
 }
 
 /// A collective call as devices and processes compare it: `options` in the user's words.
+/// Written into this thread's call_texts, whose capacity stays: no allocation after the first.
 template <class T>
-collective_call call_of(std::string_view verb, std::span<const named_axis> axes, const std::string& options,
+collective_call call_of(std::string_view verb, std::span<const named_axis> axes, std::string_view options,
                         const std::optional<groups_t>& groups, std::span<const std::size_t> shape) {
-  return {verb, describe_axes(axes), message(options, groups ? message(" with groups ", *groups) : std::string()),
-          message(std::vector<std::size_t>(shape.begin(), shape.end())), dtype_name<T>()};
+  call_texts& t = thread_call_texts();
+  t.axes.clear(), append_axes(t.axes, axes);
+  t.parameters.assign(options);
+  if (groups) write_part(t.parameters, " with groups "), write_part(t.parameters, *groups);
+  t.shape.clear(), write_part(t.shape, shape);
+  t.signature.clear();
+  for (std::string_view part : {verb, std::string_view(" over "), std::string_view(t.axes), std::string_view(t.parameters),
+                                std::string_view(" of payload shape "), std::string_view(t.shape),
+                                std::string_view(" and type "), dtype_name<T>()})
+    t.signature += part;
+  t.what.assign("namedax::"), t.what += verb, t.what += " over ", t.what += t.axes;
+  return {verb, t.axes, t.parameters, t.shape, dtype_name<T>(), t.signature, t.what};
 }
 
 /// Payload shape with the dims of the vectorized `axes` set to `size_of(axis)`.
 template <class Size>
-std::vector<std::size_t> with_axis_dims(std::vector<std::size_t> shape, std::size_t positional_rank,
-                                        std::span<const named_axis> axes, Size size_of) {
+dims_t with_axis_dims(dims_t shape, std::size_t positional_rank, std::span<const named_axis> axes, Size size_of) {
   for (const auto& ax : axes)
     if (ax.place == placement::vectorized) shape[positional_rank + ax.slot] = size_of(ax);
   return shape;
@@ -143,15 +180,16 @@ class collective_frame {
   /// signature that devices compare (the operation's parameters, in the user's words).
   collective_frame(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
                    std::span<const named_axis> axes, const std::optional<groups_t>& groups, bool equal_groups,
-                   const std::string& options)
-      : axes_(axes.begin(), axes.end()), in_(std::move(in)), positional_rank_(positional_rank) {
+                   std::string_view options)
+      : axes_(axes), in_(std::move(in)), positional_rank_(positional_rank) {
     total_ = member_count(axes_);
-    groups_ = make_groups(verb, axes_, groups, total_, equal_groups);
+    if (groups) own_groups_ = make_groups(verb, axes_, groups, total_, equal_groups);
+    groups_ = groups ? &*own_groups_ : &ungrouped(total_);
     member_shape_ = with_axis_dims(in_.shape, positional_rank_, axes_, [](const named_axis&) { return std::size_t{1}; });
 
     // Device axes along which the operand varies need the other devices' buffers: device
     // threads lend theirs, processes send copies.
-    std::vector<std::string_view> exchanged, across_processes;
+    xt::svector<std::string_view, 8> exchanged, across_processes;
     for (const auto& ax : axes_)
       if (ax.place == placement::devices && ax.varies)
         (find_frame(ax.name)->processes ? across_processes : exchanged).push_back(ax.name);
@@ -160,13 +198,13 @@ class collective_frame {
     collective_call call = call_of<T>(verb, axes_, options, groups, in_.shape);
     if (across_processes.empty())
       exchange_.emplace(join(exchanged), in_.data, std::move(call), element_count(in_.shape) * sizeof(T));
-    else gather_from_processes(verb, across_processes, std::move(call));
+    else gather_from_processes(across_processes, std::move(call));
   }
 
   [[nodiscard]] std::size_t total() const { return total_; }
-  [[nodiscard]] const group_layout& groups() const { return groups_; }
+  [[nodiscard]] const group_layout& groups() const { return *groups_; }
   [[nodiscard]] std::size_t positional_rank() const { return positional_rank_; }
-  [[nodiscard]] const std::vector<std::size_t>& in_shape() const { return in_.shape; }
+  [[nodiscard]] const dims_t& in_shape() const { return in_.shape; }
   [[nodiscard]] bool any_varies() const {
     return std::any_of(axes_.begin(), axes_.end(), [](const named_axis& a) { return a.varies; });
   }
@@ -176,7 +214,7 @@ class collective_frame {
     auto c = coordinates(rank);
     std::size_t device = 0;  // over the device axes (with a funnel: the process axes)
     std::ptrdiff_t offset = 0;
-    std::vector<std::size_t> thread = thread_index_;
+    dims_t thread(thread_index_.begin(), thread_index_.end());
     for (std::size_t k = 0; k < axes_.size(); ++k) {
       if (!axes_[k].varies) continue;
       if (axes_[k].place == placement::vectorized)
@@ -202,7 +240,7 @@ class collective_frame {
   /// the same for every rank (`all == false`), just the first.
   template <class F>
   void for_each_owned(bool all, F&& f) const {
-    std::vector<std::size_t> c(axes_.size()), sizes(axes_.size(), 1);
+    dims_t c(axes_.size()), sizes(axes_.size(), 1);
     for (std::size_t k = 0; k < axes_.size(); ++k) {
       c[k] = axes_[k].place == placement::devices ? axes_[k].index : 0;
       if (all && axes_[k].place == placement::vectorized) sizes[k] = axes_[k].size;
@@ -229,7 +267,7 @@ class collective_frame {
 
   /// The output shape: the payload's, with `positional` dims in front, and the vectorized
   /// axes' dims whole when the output differs per rank (`varies`), else 1.
-  [[nodiscard]] std::vector<std::size_t> output_shape(std::vector<std::size_t> positional, bool varies) const {
+  [[nodiscard]] dims_t output_shape(dims_t positional, bool varies) const {
     positional.insert(positional.end(), in_.shape.begin() + static_cast<std::ptrdiff_t>(positional_rank_), in_.shape.end());
     const std::size_t rank = positional.size() - (in_.shape.size() - positional_rank_);
     return with_axis_dims(std::move(positional), rank, axes_,
@@ -246,11 +284,12 @@ class collective_frame {
   /// On the device threads of a process, every thread of it meets the others first and the
   /// first one sends all their payloads in one call (only one thread of a process calls MPI):
   /// a funnel, and member (process p, thread t) is at p * threads + t of what it received.
-  void gather_from_processes(std::string_view verb, std::span<const std::string_view> across_processes,
+  void gather_from_processes(std::span<const std::string_view> across_processes,
                              collective_call call) {
     const std::size_t count = element_count(in_.shape);
     process_grid& grid = innermost_process_grid();
-    const std::string signature = call.signature(), what = message("namedax::", verb, " over ", call.axes);
+    const std::string signature(call.signature);
+    const std::string_view what = call.what;
     if (!current_device()) {
       grid.agree(signature, what);
       process_channel& channel = grid.channel(across_processes, nullptr);
@@ -283,26 +322,27 @@ class collective_frame {
     exchange_.emplace(join(threads), payloads.rank() == 0 ? gathered_.data() : nullptr, std::move(call));
   }
 
-  [[nodiscard]] std::vector<std::size_t> coordinates(std::size_t rank) const {
-    std::vector<std::size_t> c(axes_.size());
+  [[nodiscard]] dims_t coordinates(std::size_t rank) const {
+    dims_t c(axes_.size());
     for (std::size_t k = axes_.size(); k-- > 0;) c[k] = rank % axes_[k].size, rank /= axes_[k].size;
     return c;
   }
-  [[nodiscard]] std::size_t rank_of(const std::vector<std::size_t>& c) const {
+  [[nodiscard]] std::size_t rank_of(std::span<const std::size_t> c) const {
     std::size_t r = 0;
     for (std::size_t k = 0; k < axes_.size(); ++k) r = r * axes_[k].size + c[k];
     return r;
   }
 
-  std::vector<named_axis> axes_;
+  std::span<const named_axis> axes_;  // the caller's, which outlive the frame
   strided_block<T> in_;
   std::size_t positional_rank_;
   std::size_t total_ = 1;
-  group_layout groups_;
-  std::vector<std::size_t> member_shape_;
-  xt::xarray<T> contiguous_;
+  std::optional<group_layout> own_groups_;  // with axis_index_groups
+  const group_layout* groups_;
+  dims_t member_shape_;
+  xt::xarray<T> contiguous_ = empty_array<T>();
   std::optional<pointer_exchange> exchange_;
-  xt::xarray<T> gathered_;  // members from other processes, member_stride_ elements each
+  xt::xarray<T> gathered_ = empty_array<T>();  // members from other processes, member_stride_ elements each
   std::size_t member_stride_ = 0;  // 0: nothing gathered
   // The funnel of device threads inside a process: the thread axes in scope, this thread's
   // index along each, and each collective axis's place among them (-1: not a thread axis).

@@ -20,8 +20,8 @@ inline constexpr std::size_t chunked_reduction_bytes = std::size_t{256} << 10;
 
 /// The names of `axes` when every one is an axis of device threads along which the operand
 /// varies (the case of the shared outputs here and of ppermute by reference); else nothing.
-inline std::optional<std::vector<std::string_view>> thread_axes(std::span<const named_axis> axes) {
-  std::vector<std::string_view> names;
+inline std::optional<xt::svector<std::string_view, 8>> thread_axes(std::span<const named_axis> axes) {
+  xt::svector<std::string_view, 8> names;
   for (const auto& ax : axes) {
     if (ax.place != placement::devices || !ax.varies || !find_frame(ax.name)->shared) return std::nullopt;
     names.push_back(ax.name);
@@ -41,7 +41,7 @@ class shared_output_exchange {
       : mine_{in, &out_} {
     membership m = join(names);
     if (m.rank == 0)
-      out_ = std::shared_ptr<xt::xarray<T>>(new xt::xarray<T>(uninitialized_array<T>(shape)), recycle_on_release<T>{});
+      out_ = shared_storage(uninitialized_array<T>(shape));
     exchange_.emplace(std::move(m), &mine_, std::move(call));
     if (exchange_->rank() != 0) out_ = *offer(0).out;
   }
@@ -73,11 +73,11 @@ class shared_output_exchange {
 
 /// psum, pmean, pmax, pmin. Device r folds chunk r of the members, in rank order (the rule's
 /// order, so the bits are the same), into the one output; after the second barrier it is
-/// whole. Returns the result and pmean's divisor.
+/// whole. Returns the result and, with `count_members`, pmean's divisor (else an empty array).
 template <class T, class Op>
 std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_threads(
     std::string_view verb, const strided_block<T>& in, std::span<const named_axis> axes,
-    const std::optional<groups_t>& groups, Op op) {
+    const std::optional<groups_t>& groups, bool count_members, Op op) {
   const std::size_t count = element_count(in.shape);
   if (groups || count * sizeof(T) < chunked_reduction_bytes || in.strides != row_major_strides(in.shape)) return std::nullopt;
   const auto names = thread_axes(axes);
@@ -87,15 +87,15 @@ std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_thread
   // Chunk r, folded by the rule's own loop, in pieces that stay in cache.
   constexpr std::size_t piece = std::size_t{1} << 16;
   const std::ptrdiff_t unit[] = {1};
-  std::vector<const T*> sources(n);
+  xt::svector<const T*, 16> sources(n);
   for (std::size_t lo = r * count / n, end = (r + 1) * count / n; lo < end; lo += piece) {
     const std::size_t length[] = {std::min(piece, end - lo)};
     for (std::size_t m = 0; m < n; ++m) sources[m] = exchange.input(m) + lo;
-    fold_members<T>(sources, length, unit, exchange.output() + lo, unit, op);
+    fold_members<T>(std::span<const T* const>(sources.data(), n), length, unit, exchange.output() + lo, unit, op);
   }
   auto out = exchange.finish();
-  xt::xarray<float> divisor = xt::xarray<float>::from_shape(std::vector<std::size_t>(in.shape.size(), 1));
-  divisor.fill(static_cast<float>(n));
+  xt::xarray<float> divisor = empty_array<float>();
+  if (count_members) divisor = uninitialized_array<float>(dims_t(in.shape.size(), 1)), divisor.fill(static_cast<float>(n));
   return std::pair{std::move(out), std::move(divisor)};
 }
 
@@ -109,7 +109,7 @@ std::optional<shared_array<T>> gather_among_threads(std::string_view verb, const
     return std::nullopt;
   const auto names = thread_axes(axes);
   if (!names) return std::nullopt;
-  std::vector<std::size_t> positional(in.shape.begin(), in.shape.begin() + static_cast<std::ptrdiff_t>(positional_rank));
+  dims_t positional(in.shape.begin(), in.shape.begin() + static_cast<std::ptrdiff_t>(positional_rank));
   const std::size_t a = positional_axis(verb, "axis", axis, tiled ? positional_rank : positional_rank + 1, axes);
   const std::size_t tile = tiled ? positional[a] : 1;
   auto out_shape = gathered_positional(std::move(positional), a, member_count(axes), tiled);

@@ -27,12 +27,17 @@
 
 namespace namedax::detail {
 
+/// Dimensions and strides as the kernels and rules pass them around: kept inline up to 8
+/// dims, so that describing a block or a member of a collective allocates nothing.
+using dims_t = xt::svector<std::size_t, 8>;
+using strides_t = xt::svector<std::ptrdiff_t, 8>;
+
 /// A row-major array of `shape` whose elements are not initialized yet. A large one asks the
 /// kernel for transparent huge pages: a fresh 64 MiB output is 16384 first-touch faults of
 /// 4 KiB (about 0.2 s on virtual machines), against 32 of 2 MiB.
 template <class T, class Shape>
 xt::xarray<T> uninitialized_array(const Shape& shape) {
-  xt::xarray<T> a;
+  xt::xarray<T> a = empty_array<T>();
   if (reuse_array(shape, a)) return a;  // pages already touched: no faults at all
   a = xt::xarray<T>::from_shape(shape);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
@@ -243,8 +248,8 @@ void fold_adjacent(const T* in, std::ptrdiff_t stride, std::size_t n, std::size_
 template <class Line>
 void for_each_line(std::span<const std::size_t> full_shape, std::span<const std::ptrdiff_t> full_in,
                    std::span<const std::ptrdiff_t> full_out, Line&& line) {
-  std::vector<std::size_t> shape;
-  std::vector<std::ptrdiff_t> in_strides, out_strides;
+  dims_t shape;
+  strides_t in_strides, out_strides;
   for (std::size_t k = 0; k < full_shape.size(); ++k) {
     if (full_shape[k] == 0) return;
     if (full_shape[k] == 1) continue;
@@ -252,7 +257,7 @@ void for_each_line(std::span<const std::size_t> full_shape, std::span<const std:
   }
   const std::size_t rank = shape.size();
   if (rank == 0) return line(std::ptrdiff_t{0}, std::ptrdiff_t{0}, std::size_t{1}, std::ptrdiff_t{0}, std::ptrdiff_t{0});
-  std::vector<std::size_t> index(rank, 0);
+  dims_t index(rank, 0);
   std::ptrdiff_t in = 0, out = 0;
   while (true) {
     line(in, out, shape[rank - 1], in_strides[rank - 1], out_strides[rank - 1]);
@@ -275,26 +280,33 @@ void for_each_line(std::span<const std::size_t> full_shape, std::span<const std:
 /// that any order will do: dimensions of size 1 dropped, the rest ordered by decreasing output
 /// stride (the innermost line writes contiguously), and neighbours merged where every layout
 /// is contiguous across them (so that lines are long). `strides[j][d]`: layout j along dim d,
-/// the output first. Empty when `shape` has no element.
+/// the output first. Empty when `shape` has no element. `Layouts`: their number when it is
+/// known (the kernels' two, kept inline), else 0.
+template <std::size_t Layouts>
 struct loop_nest {
-  std::vector<std::size_t> shape;
-  std::vector<std::vector<std::ptrdiff_t>> strides;
+  dims_t shape;
+  std::conditional_t<Layouts == 0, std::vector<strides_t>, std::array<strides_t, Layouts>> strides;
   bool empty = false;
 };
 
-inline loop_nest output_order(std::span<const std::size_t> shape, std::vector<std::span<const std::ptrdiff_t>> layouts) {
-  loop_nest nest{{}, std::vector<std::vector<std::ptrdiff_t>>(layouts.size()), false};
-  std::vector<std::size_t> dims;
+template <std::size_t Layouts = 0>
+loop_nest<Layouts> output_order(std::span<const std::size_t> shape, std::span<const std::span<const std::ptrdiff_t>> layouts) {
+  loop_nest<Layouts> nest;
+  if constexpr (Layouts == 0) nest.strides.resize(layouts.size());
+  dims_t dims;
   for (std::size_t k = 0; k < shape.size(); ++k) {
     if (shape[k] == 0) return {{}, {}, true};
     if (shape[k] > 1) dims.push_back(k);
   }
   auto magnitude = [](std::ptrdiff_t s) { return s < 0 ? -s : s; };
   const auto& out = layouts.front();
-  std::stable_sort(dims.begin(), dims.end(), [&](std::size_t a, std::size_t b) {
+  auto before = [&](std::size_t a, std::size_t b) {
     if (magnitude(out[a]) != magnitude(out[b])) return magnitude(out[a]) > magnitude(out[b]);
     return layouts.size() > 1 && magnitude(layouts[1][a]) > magnitude(layouts[1][b]);
-  });
+  };
+  // A stable insertion sort: a handful of dims, and std::stable_sort would allocate.
+  for (std::size_t k = 1; k < dims.size(); ++k)
+    for (std::size_t j = k; j > 0 && before(dims[j], dims[j - 1]); --j) std::swap(dims[j], dims[j - 1]);
   for (std::size_t k : dims) {
     const auto size = static_cast<std::ptrdiff_t>(shape[k]);
     bool merges = !nest.shape.empty();
@@ -331,7 +343,8 @@ void fold_members(std::span<const T* const> members, std::span<const std::size_t
                   std::span<const std::ptrdiff_t> in_strides, T* out, std::span<const std::ptrdiff_t> out_strides,
                   Op op) {
   if (members.empty()) return;
-  const loop_nest nest = output_order(shape, {out_strides, in_strides});
+  const std::span<const std::ptrdiff_t> layouts[] = {out_strides, in_strides};
+  const auto nest = output_order<2>(shape, layouts);
   if (nest.empty) return;
   const auto &nest_out = nest.strides[0], &nest_in = nest.strides[1];
   const auto spacing = even_spacing(members);
@@ -375,8 +388,8 @@ void fold_members(std::span<const T* const> members, std::span<const std::size_t
 }
 
 /// Row-major strides, 0 for dimensions of size 1 so that they broadcast when read.
-inline std::vector<std::ptrdiff_t> row_major_strides(std::span<const std::size_t> shape) {
-  std::vector<std::ptrdiff_t> strides(shape.size());
+inline strides_t row_major_strides(std::span<const std::size_t> shape) {
+  strides_t strides(shape.size());
   std::ptrdiff_t s = 1;
   for (std::size_t k = shape.size(); k-- > 0;) strides[k] = shape[k] == 1 ? 0 : s, s *= static_cast<std::ptrdiff_t>(shape[k]);
   return strides;
@@ -397,8 +410,8 @@ inline void element_offsets(std::span<const std::size_t> shape, std::span<const 
 template <class T>
 struct strided_block {
   const T* data;
-  std::vector<std::size_t> shape;
-  std::vector<std::ptrdiff_t> strides;  // 0 for dimensions of size 1
+  dims_t shape;
+  strides_t strides;  // 0 for dimensions of size 1
 };
 
 /// Expressions whose elements sit in memory at data() + data_offset() with strides().
@@ -449,7 +462,8 @@ void transpose_tile(const T* from, std::ptrdiff_t from_row, T* to, std::ptrdiff_
 /// that every cache line read or written is used whole.
 template <class T, class S>
 void copy_strided(const strided_block<S>& in, T* out, std::span<const std::ptrdiff_t> out_strides) {
-  loop_nest nest = output_order(in.shape, {out_strides, in.strides});
+  const std::span<const std::ptrdiff_t> layouts[] = {out_strides, in.strides};
+  auto nest = output_order<2>(in.shape, layouts);
   if (nest.empty) return;
   const auto &nest_out = nest.strides[0], &nest_in = nest.strides[1];
   auto magnitude = [](std::ptrdiff_t s) { return s < 0 ? -s : s; };

@@ -12,13 +12,16 @@ namespace namedax::detail {
 using permutation_t = std::vector<std::pair<int, int>>;
 
 /// ppermute's options in the user's words, as its call's signature shows them.
-inline std::string pairs_options(const permutation_t& perm) { return message(" with pairs ", perm); }
+inline std::string_view pairs_options(const permutation_t& perm) { return option_text(" with pairs ", perm); }
 
 /// For each rank, the rank it receives from, or -1; sources and destinations must be unique.
-inline std::vector<long> senders(std::string_view verb, std::span<const named_axis> axes, const permutation_t& perm,
-                                 std::size_t total) {
-  std::vector<long> from(total, -1);
-  std::vector<bool> sends(total, false);
+/// Written into a buffer of this thread that keeps its capacity (valid until its next call).
+inline std::span<const long> senders(std::string_view verb, std::span<const named_axis> axes,
+                                     const permutation_t& perm, std::size_t total) {
+  thread_local std::vector<long> from;
+  thread_local std::vector<bool> sends;
+  from.assign(total, -1);
+  sends.assign(total, false);
   for (auto [source, destination] : perm) {
     for (int i : {source, destination})
       if (i < 0 || static_cast<std::size_t>(i) >= total)
@@ -62,8 +65,7 @@ xt::xarray<T> ppermute_rule(std::string_view verb, strided_block<T> in, std::siz
   collective_frame<T> frame(verb, std::move(in), positional_rank, axes, std::nullopt, false,
                             pairs_options(perm));
   const auto from = senders(verb, axes, perm, frame.total());
-  std::vector<std::size_t> positional(frame.in_shape().begin(),
-                                      frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
+  dims_t positional(frame.in_shape().begin(), frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
   auto out = uninitialized_array<T>(frame.output_shape(positional, true));
   const auto out_strides = row_major_strides(out.shape());
   frame.for_each_owned(true, [&](std::size_t rank) {
@@ -91,7 +93,7 @@ shared_array<T> permute_by_reference(std::string_view verb, const shared_array<T
                                      std::span<const named_axis> axes, std::span<const std::string_view> names,
                                      const permutation_t& perm) {
   const auto from = senders(verb, axes, perm, member_count(axes));
-  const std::vector<std::size_t> shape(mine.shape().begin(), mine.shape().end());
+  const dims_t shape(mine.shape().begin(), mine.shape().end());
   pointer_exchange exchange(join(names), &mine, call_of<T>(verb, axes, pairs_options(perm), std::nullopt, shape));
   const long source = from[exchange.rank()];
   if (source < 0) {

@@ -33,7 +33,7 @@ inline bool placed_on_processes(std::span<const named_axis> axes) {
 template <class T>
 std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_block<T> in,
                                               std::span<const named_axis> axes, const std::optional<groups_t>& groups,
-                                              bool equal_groups, const std::string& options) {
+                                              bool equal_groups, std::string_view options) {
   if (!placed_on_processes(axes)) return std::nullopt;
   std::vector<std::string_view> names;
   for (const auto& ax : axes) names.push_back(ax.name);
@@ -41,8 +41,8 @@ std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_blo
   process_call<T> call{nullptr, std::move(in), {}};
   make_row_major(call.in, call.contiguous);
   process_grid& grid = innermost_process_grid();
-  const collective_call signature = call_of<T>(verb, axes, options, groups, call.in.shape);
-  grid.agree(signature.signature(), message("namedax::", verb, " over ", signature.axes));
+  const collective_call described = call_of<T>(verb, axes, options, groups, call.in.shape);
+  grid.agree(std::string(described.signature), described.what);
   call.channel = &grid.channel(names, groups ? &*groups : nullptr);
   return call;
 }
@@ -59,7 +59,7 @@ inline bool groups_divide(std::size_t length, std::span<const named_axis> axes, 
 template <class T>
 std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_across_processes(
     std::string_view verb, const strided_block<T>& in, std::span<const named_axis> axes,
-    const std::optional<groups_t>& groups, fold_kind fold, const std::string& options = "") {
+    const std::optional<groups_t>& groups, fold_kind fold, std::string_view options = "") {
   auto call = whole_payloads<T>(verb, in, axes, groups, false, options);
   if (!call) return std::nullopt;
   auto out = uninitialized_array<T>(call->in.shape);
@@ -75,9 +75,9 @@ std::optional<xt::xarray<T>> all_gather_across_processes(std::string_view verb, 
                                                          std::size_t positional_rank, std::span<const named_axis> axes,
                                                          const std::optional<groups_t>& groups, int axis, bool tiled) {
   if (axis != 0 || (tiled && positional_rank == 0)) return std::nullopt;
-  auto call = whole_payloads<T>(verb, in, axes, groups, true, message(" with axis ", axis, tiled ? ", tiled" : ""));
+  auto call = whole_payloads<T>(verb, in, axes, groups, true, option_text(" with axis ", axis, tiled ? ", tiled" : ""));
   if (!call) return std::nullopt;
-  std::vector<std::size_t> shape = call->in.shape;
+  dims_t shape = call->in.shape;
   const std::size_t g = call->channel->size();
   if (tiled) shape[0] *= g;
   else shape.insert(shape.begin(), g);
@@ -96,9 +96,9 @@ std::optional<xt::xarray<T>> psum_scatter_across_processes(std::string_view verb
   if (scatter_dimension != 0 || positional_rank == 0 || !groups_divide(in.shape[0], axes, groups, tiled))
     return std::nullopt;
   auto call = whole_payloads<T>(verb, in, axes, groups, true,
-                                message(" with scatter_dimension ", scatter_dimension, tiled ? ", tiled" : ""));
+                                option_text(" with scatter_dimension ", scatter_dimension, tiled ? ", tiled" : ""));
   if (!call) return std::nullopt;
-  std::vector<std::size_t> shape = call->in.shape;
+  dims_t shape = call->in.shape;
   const std::size_t g = call->channel->size();
   if (tiled) shape[0] /= g;
   else shape.erase(shape.begin());
@@ -116,7 +116,7 @@ std::optional<xt::xarray<T>> all_to_all_across_processes(std::string_view verb, 
   if (split_axis != 0 || concat_axis != 0 || positional_rank == 0 || !groups_divide(in.shape[0], axes, groups, tiled))
     return std::nullopt;
   auto call = whole_payloads<T>(verb, in, axes, groups, true,
-                                message(" with split_axis ", split_axis, " and concat_axis ", concat_axis,
+                                option_text(" with split_axis ", split_axis, " and concat_axis ", concat_axis,
                                         tiled ? ", tiled" : ""));
   if (!call) return std::nullopt;
   auto out = uninitialized_array<T>(call->in.shape);  // chunk k of every member lands at k: same shape

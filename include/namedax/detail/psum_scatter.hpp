@@ -13,10 +13,9 @@ xt::xarray<T> psum_scatter_rule(std::string_view verb, strided_block<T> in, std:
                                 std::span<const named_axis> axes, const std::optional<groups_t>& groups,
                                 int scatter_dimension, bool tiled) {
   collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true,
-                            message(" at scatter_dimension ", scatter_dimension, tiled ? ", tiled" : ""));
+                            option_text(" at scatter_dimension ", scatter_dimension, tiled ? ", tiled" : ""));
   const std::size_t g = frame.groups().members.front().size();
-  std::vector<std::size_t> positional(frame.in_shape().begin(),
-                                      frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
+  dims_t positional(frame.in_shape().begin(), frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
   const std::size_t d = positional_axis(verb, "scatter_dimension", scatter_dimension, positional_rank, axes);
   const std::size_t chunk =
       chunk_length(verb, "scatter_dimension", scatter_dimension, positional[d], g, tiled, axes, groups.has_value());
@@ -25,14 +24,14 @@ xt::xarray<T> psum_scatter_rule(std::string_view verb, strided_block<T> in, std:
   auto out = uninitialized_array<T>(frame.output_shape(positional, true));
   const auto out_strides = row_major_strides(out.shape());
 
-  std::vector<const T*> members;
+  xt::svector<const T*, 16> members;
   frame.for_each_owned(true, [&](std::size_t rank) {
     const std::size_t p = frame.groups().position_of[rank];
     const auto& group = frame.groups().members[frame.groups().group_of[rank]];
     auto piece = [&](std::size_t m) { return tiled ? chunk_of(frame.member(m), d, p, chunk) : drop_dim(frame.member(m), d, p); };
     members.clear();
     for (std::size_t m : group) members.push_back(piece(m).data);
-    fold_group<T>(members, piece(group.front()), frame.any_varies(), true,
+    fold_group<T>(std::span<const T* const>(members.data(), members.size()), piece(group.front()), frame.any_varies(), true,
                   out.data() + frame.vectorized_offset(rank, out_strides, positional.size()), out_strides, sum_op{});
   });
   frame.release();

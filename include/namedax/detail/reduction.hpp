@@ -61,32 +61,36 @@ void fold_group(std::span<const T* const> members, const strided_block<T>& eleme
 
 /// The reduction over named axes of the payload `in` (positional axes already reduced).
 /// Members are combined in row-major order over the axes as given, or in each group's order.
-/// Returns the result and, per output slice, how many members it combined (for pmean).
+/// Returns the result and, with `count_members` (for pmean), how many members each output
+/// slice combined (else an empty array).
 template <class T, class Op>
 std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, strided_block<T> in,
                                                          std::size_t positional_rank,
                                                          std::span<const named_axis> axes,
-                                                         const std::optional<groups_t>& groups, bool is_sum, Op op) {
+                                                         const std::optional<groups_t>& groups, bool is_sum,
+                                                         bool count_members, Op op) {
   collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, false, "");
-  const std::vector<std::size_t> positional(frame.in_shape().begin(),
-                                            frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
+  const dims_t positional(frame.in_shape().begin(), frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
   // With groups the results differ per group, so the reduced vectorized dims stay whole.
   const bool varies = groups.has_value();
   auto out = uninitialized_array<T>(frame.output_shape(positional, varies));
   // The divisor depends on the caller's group only: size 1 along every other dimension.
-  auto divisor = xt::xarray<float>::from_shape(
-      with_axis_dims(std::vector<std::size_t>(frame.in_shape().size(), 1), positional_rank, axes,
-                     [varies](const named_axis& a) { return varies ? a.size : std::size_t{1}; }));
+  auto divisor = count_members ? uninitialized_array<float>(with_axis_dims(
+                                      dims_t(frame.in_shape().size(), 1), positional_rank, axes,
+                                      [varies](const named_axis& a) { return varies ? a.size : std::size_t{1}; }))
+                                : empty_array<float>();
   const auto out_strides = row_major_strides(out.shape());
   const auto divisor_strides = row_major_strides(divisor.shape());
-  std::vector<const T*> members;
+  xt::svector<const T*, 16> members;
   frame.for_each_owned(varies, [&](std::size_t rank) {
     T* target = out.data() + frame.vectorized_offset(rank, out_strides, positional_rank);
     const auto& group = frame.groups().members[frame.groups().group_of[rank]];
-    divisor.data()[frame.vectorized_offset(rank, divisor_strides, positional_rank)] = static_cast<float>(group.size());
+    if (count_members)
+      divisor.data()[frame.vectorized_offset(rank, divisor_strides, positional_rank)] = static_cast<float>(group.size());
     members.clear();
     for (std::size_t m : group) members.push_back(frame.member(m).data);
-    fold_group<T>(members, frame.member(group.front()), frame.any_varies(), is_sum, target, out_strides, op);
+    fold_group<T>(std::span<const T* const>(members.data(), members.size()), frame.member(group.front()),
+                  frame.any_varies(), is_sum, target, out_strides, op);
   });
   frame.release();
   return {std::move(out), std::move(divisor)};

@@ -93,16 +93,16 @@ inline membership join(std::span<const std::string_view> names) {
   const frame* first = find_frame(names.front());
   membership m{first->shared};
   device_record* me = current_device().get();
-  std::string spanned;
-  for (auto n : names) append_coordinate(spanned, n, 0);
   if (me)
-    for (const auto& [key, found] : me->met)
-      if (key == spanned) {
-        m.comm = found.first, m.rank = found.second;
+    for (const auto& met : me->met)
+      if (std::equal(met.names.begin(), met.names.end(), names.begin(), names.end())) {
+        m.comm = met.comm, m.rank = met.rank;
         return m;
       }
   // The key: the names spanned, then this device's coordinates along every other device axis.
-  std::string key = spanned + '|';
+  std::string key;
+  for (auto n : names) append_coordinate(key, n, 0);
+  key += '|';
   std::vector<std::size_t> sizes;
   for (auto n : names) {
     const frame* f = find_frame(n);
@@ -141,7 +141,7 @@ inline membership join(std::span<const std::string_view> names) {
     slot = std::move(c);
   }
   m.comm = slot.get();
-  if (me) me->met.emplace_back(std::move(spanned), std::pair{m.comm, m.rank});
+  if (me) me->met.push_back({{names.begin(), names.end()}, m.comm, m.rank});
   return m;
 }
 
@@ -191,7 +191,7 @@ inline std::optional<std::string> sleep_until_released(const membership& m, std:
 /// Waits until every member arrived. With a signature, the members' signatures must agree.
 /// Throws collective_error instead of waiting forever: when a member returned or failed, when
 /// every running device waits (a deadlock: devices wait in different collectives), or on timeout.
-inline void arrive_and_wait(const membership& m, const std::string* signature, std::string_view what) {
+inline void arrive_and_wait(const membership& m, std::optional<std::string_view> signature, std::string_view what) {
   world& w = *m.shared;
   communicator& c = *m.comm;
   const auto& me = current_device();
@@ -246,16 +246,23 @@ inline void arrive_and_wait(const membership& m, const std::string* signature, s
   if (c.failed) throw collective_error(message(what, ": ", c.failure));
 }
 
-/// A collective call as the devices compare it and the trace records it.
+/// A collective call as the devices compare it and the trace records it. Its texts live in
+/// buffers of the calling thread that keep their capacity, so that describing a call
+/// allocates nothing after the first; they hold until the thread describes its next call.
 struct collective_call {
-  std::string_view op;
-  std::string axes, parameters, shape;
-  std::string_view dtype;
-
-  [[nodiscard]] std::string signature() const {
-    return message(op, " over ", axes, parameters, " of payload shape ", shape, " and type ", dtype);
-  }
+  std::string_view op, axes, parameters, shape, dtype;
+  std::string_view signature;  // all of the above in one text
+  std::string_view what;       // "namedax::psum over ('i',)", for messages
 };
+
+/// The buffers behind this thread's current collective_call.
+struct call_texts {
+  std::string axes, parameters, shape, signature, what;
+};
+inline call_texts& thread_call_texts() {
+  thread_local call_texts texts;
+  return texts;
+}
 
 /// One exchange of pointers: every member offers its buffer, reads the others' after
 /// `exchange`, and calls `release` once it no longer reads them. A payload of at most
@@ -266,8 +273,7 @@ struct collective_call {
 class pointer_exchange {
  public:
   pointer_exchange(membership m, const void* mine, collective_call call, std::size_t bytes = 0)
-      : m_(std::move(m)), call_(std::move(call)), what_(message("namedax::", call_.op, " over ", call_.axes)),
-        copied_(bytes > 0 && bytes <= inline_payload_bytes) {
+      : m_(std::move(m)), call_(call), copied_(bytes > 0 && bytes <= inline_payload_bytes) {
     if (tracing()) arrival_us_ = trace_clock_us();
     communicator& c = *m_.comm;
     if (copied_) {  // the slots vector is not used: a faster member may already fill it for the next call
@@ -276,8 +282,7 @@ class pointer_exchange {
     } else {
       c.slots[m_.rank] = mine;
     }
-    const std::string signature = call_.signature();
-    arrive_and_wait(m_, &signature, what_);
+    arrive_and_wait(m_, call_.signature, call_.what);
     if (arrival_us_ >= 0) wait_us_ = trace_clock_us() - arrival_us_;
   }
   [[nodiscard]] const void* slot(std::size_t rank) const {
@@ -286,11 +291,11 @@ class pointer_exchange {
   [[nodiscard]] std::size_t rank() const { return m_.rank; }
   [[nodiscard]] std::size_t size() const { return m_.comm->size; }
   void release() {
-    if (!copied_) arrive_and_wait(m_, nullptr, what_);
+    if (!copied_) arrive_and_wait(m_, std::nullopt, call_.what);
     if (arrival_us_ >= 0) {
       const auto& me = *current_device();
-      record(trace_event{me.path, std::string(call_.op), std::move(call_.axes), std::move(call_.parameters),
-                         std::move(call_.shape), std::string(call_.dtype), me.entered - 1, arrival_us_, wait_us_,
+      record(trace_event{me.path, std::string(call_.op), std::string(call_.axes), std::string(call_.parameters),
+                         std::string(call_.shape), std::string(call_.dtype), me.entered - 1, arrival_us_, wait_us_,
                          trace_clock_us() - arrival_us_});
     }
   }
@@ -298,7 +303,6 @@ class pointer_exchange {
  private:
   membership m_;
   collective_call call_;
-  std::string what_;
   bool copied_;
   std::byte* inline_base_ = nullptr;
   double arrival_us_ = -1, wait_us_ = 0;  // arrival_us_ < 0: not traced

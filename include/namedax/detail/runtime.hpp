@@ -97,23 +97,39 @@ struct device_record {
   // The last collectives it entered, for error reports: entered % recent.size() is the next slot.
   std::uint64_t entered = 0;
   std::array<std::string, 3> recent;
-  // The communicators this device met, by the names they span (its own thread only).
-  std::vector<std::pair<std::string, std::pair<communicator*, std::size_t>>> met;
+  // The communicators this device met, by the names they span (its own thread only; axis
+  // names are static text), and its rank in each.
+  struct met_communicator {
+    std::vector<std::string_view> names;
+    communicator* comm;
+    std::size_t rank;
+  };
+  std::vector<met_communicator> met;
 
-  void enter(const std::string& signature) {
+  static constexpr std::size_t text_capacity = 256;
+
+  void enter(std::string_view signature) {
     std::lock_guard guard(lock);
-    recent[entered % recent.size()] = signature;  // reuses the slot's capacity
+    std::string& slot = recent[entered % recent.size()];
+    if (slot.capacity() < text_capacity) slot.reserve(text_capacity);  // once: later calls reuse it
+    slot = signature;
     ++entered;
   }
   void block(std::string_view what, const std::atomic<std::uint32_t>* generation, std::uint32_t value) {
     std::lock_guard guard(lock);
+    if (waiting_in.capacity() < text_capacity) waiting_in.reserve(text_capacity);
     waiting_in = what, blocked_on = generation, blocked_generation = value;
   }
   void unblock() {
     std::lock_guard guard(lock);
     waiting_in.clear(), blocked_on = nullptr;
   }
-  /// What it sleeps in, if it sleeps in a rendezvous that nobody has completed yet.
+  /// Whether it sleeps in a rendezvous that nobody has completed yet.
+  [[nodiscard]] bool stuck() {
+    std::lock_guard guard(lock);
+    return blocked_on && blocked_on->load() == blocked_generation;
+  }
+  /// What it sleeps in, if it is stuck.
   [[nodiscard]] std::optional<std::string> stuck_in() {
     std::lock_guard guard(lock);
     if (blocked_on && blocked_on->load() == blocked_generation) return waiting_in;
@@ -141,7 +157,7 @@ struct world {
   /// Every running device sleeps in a rendezvous nobody can complete (call with the lock held).
   [[nodiscard]] bool deadlocked() {
     int stuck = 0;
-    for (const auto& entry : devices) stuck += entry.second->now == device_record::state::running && entry.second->stuck_in();
+    for (const auto& entry : devices) stuck += entry.second->now == device_record::state::running && entry.second->stuck();
     return stuck == running;
   }
 
