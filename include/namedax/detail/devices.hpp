@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <exception>
 #include <latch>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 #include <type_traits>
@@ -56,10 +57,26 @@ inline void allow_many_devices() {
   static tbb::global_control limit(tbb::global_control::max_allowed_parallelism, 256);
 }
 
+/// A reference to the body run_devices calls for each device: a pointer to the caller's
+/// callable and a function that calls it, so that the launch is compiled once per program
+/// rather than once per mapped function (it was the largest function each pmap compiled).
+class device_body {
+ public:
+  template <class F>
+    requires std::is_invocable_v<F&, std::size_t>
+  explicit device_body(F& f) noexcept
+      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* object, std::size_t d) { (*static_cast<F*>(object))(d); }) {}
+  void operator()(std::size_t d) const { call_(object_, d); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, std::size_t);
+};
+
 /// Runs `body(d)` for d in [0, n) concurrently, each on a thread whose frame stack is the
 /// caller's plus the device frame of `name`. Rethrows the first exception any device threw.
-template <class Body>
-void run_devices(std::string_view name, std::size_t n, Body&& body) {
+inline void launch_devices(std::string_view name, std::size_t n, device_body body) {
   std::vector<frame> parent = frames();
   std::shared_ptr<device_record> parent_record = current_device();
   std::shared_ptr<world> shared;
@@ -158,6 +175,12 @@ void run_devices(std::string_view name, std::size_t n, Body&& body) {
   // The first exception of any device, however deeply nested; the outermost pmap says where.
   if (parent_record) std::rethrow_exception(shared->first_error);
   rethrow_from_device(shared->first_error, shared->error_note);
+}
+
+/// Runs `body(d)` for d in [0, n) concurrently: launch_devices on a reference to `body`.
+template <class Body>
+void run_devices(std::string_view name, std::size_t n, Body&& body) {
+  launch_devices(name, n, device_body(body));
 }
 
 }  // namespace namedax::detail
