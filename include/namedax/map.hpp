@@ -114,10 +114,11 @@ struct stacked_layout {
   std::ptrdiff_t slot_step;
 };
 
-template <class Outer>
-stacked_layout stack_layout(std::string_view verb, std::string_view name, std::span<const std::size_t> slab,
-                            std::size_t count, int out_axes) {
-  const std::size_t positional = slab.size() - Outer::vectorized_count;
+/// `outer_vectorized`: the number of vectorized dims of the environment around the map, which
+/// end each slab.
+inline stacked_layout stack_layout(std::string_view verb, std::string_view name, std::span<const std::size_t> slab,
+                                   std::size_t count, int out_axes, std::size_t outer_vectorized) {
+  const std::size_t positional = slab.size() - outer_vectorized;
   const std::size_t o = canonical_axis(verb, name, "out_axes", out_axes, positional + 1);
   stacked_layout l{{}, {}, 0};
   for (std::size_t k = 0; k <= slab.size(); ++k) {
@@ -145,14 +146,20 @@ auto stacked_result(xt::xarray<T> out) {
 /// The map's output for one result leaf, from one slab per index of the mapped axis (each
 /// with the positional dims, then the outer environment's vectorized dims): the new axis
 /// goes to position out_axes, and the value keeps the outer environment.
-template <class Outer, axis_mask Varying, class T>
-auto map_output(std::string_view verb, std::string_view name, const std::vector<strided_block<T>>& slabs,
-                int out_axes) {
-  const stacked_layout l = stack_layout<Outer>(verb, name, slabs.front().shape, slabs.size(), out_axes);
+template <class T>
+xt::xarray<T> stack_slabs(std::string_view verb, std::string_view name, const std::vector<strided_block<T>>& slabs,
+                          int out_axes, std::size_t outer_vectorized) {
+  const stacked_layout l = stack_layout(verb, name, slabs.front().shape, slabs.size(), out_axes, outer_vectorized);
   auto out = uninitialized_array<T>(l.shape);
   for (std::size_t d = 0; d < slabs.size(); ++d)
     copy_strided(slabs[d], out.data() + static_cast<std::ptrdiff_t>(d) * l.slot_step, l.slab_strides);
-  return stacked_result<Outer, Varying>(std::move(out));
+  return out;
+}
+template <class Outer, axis_mask Varying, class T>
+auto map_output(std::string_view verb, std::string_view name, const std::vector<strided_block<T>>& slabs,
+                int out_axes) {
+  // The stacking depends on the element type alone: one copy of it per type, not per leaf.
+  return stacked_result<Outer, Varying>(stack_slabs<T>(verb, name, slabs, out_axes, Outer::vectorized_count));
 }
 
 /// Runs a map. `OnProcesses`: a process map (namedax::mpi::pmap), which splits the process
@@ -250,7 +257,7 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
       const auto& payload = named_leaf.payload();
       std::vector<std::size_t> shape(payload.shape().begin(), payload.shape().end());
       shape.pop_back();
-      stacked_layout l = stack_layout<Outer>(verb, A::name, shape, n, out_axes);
+      stacked_layout l = stack_layout(verb, A::name, shape, n, out_axes, Outer::vectorized_count);
       shape.push_back(n);
       l.slab_strides.push_back(l.slot_step);
       auto out = uninitialized_array<T>(l.shape);
