@@ -19,8 +19,8 @@
 
 namespace namedax::detail {
 
-/// At most this many bytes, and this many arrays, wait in each element type's pool; the
-/// oldest go first.
+/// At most this many bytes, and this many arrays, wait in each element type's shared pool;
+/// the oldest go first.
 inline constexpr std::size_t recycled_bytes_max = std::size_t{1} << 30;
 inline constexpr std::size_t recycled_arrays_max = 64;
 
@@ -30,38 +30,62 @@ xt::xarray<T> empty_array() {
   return xt::xarray<T>::from_shape(std::array<std::size_t, 1>{0});
 }
 
-/// Blocks of `Size` bytes recycled through a free list of bounded length.
+/// Blocks of `Size` bytes recycled through free lists of bounded length: one per thread
+/// (no lock: device threads make results at the same moment), then one shared by all.
 template <std::size_t Size>
 class block_recycler {
  public:
   static void* take() {
-    block_recycler& r = instance();
+    if (local_blocks& mine = local(); mine.count > 0) return mine.free[--mine.count];
+    shared_blocks& all = shared();
     {
-      std::lock_guard guard(r.lock_);
-      if (r.count_ > 0) return r.free_[--r.count_];
+      std::lock_guard guard(all.lock);
+      if (all.count > 0) return all.free[--all.count];
     }
     return ::operator new(Size);
   }
   static void give(void* block) noexcept {
-    block_recycler& r = instance();
+    if (local_blocks& mine = local(); mine.count < mine.free.size()) {
+      mine.free[mine.count++] = block;
+      return;
+    }
+    give_shared(block);
+  }
+
+ private:
+  static void give_shared(void* block) noexcept {
+    shared_blocks& all = shared();
     {
-      std::lock_guard guard(r.lock_);
-      if (r.count_ < r.free_.size()) {
-        r.free_[r.count_++] = block;
+      std::lock_guard guard(all.lock);
+      if (all.count < all.free.size()) {
+        all.free[all.count++] = block;
         return;
       }
     }
     ::operator delete(block);
   }
-
- private:
-  static block_recycler& instance() {
-    static block_recycler recycler;
-    return recycler;
+  struct local_blocks {
+    // Short, so that blocks freed by the threads that drop results reach, through the
+    // shared list, the thread that makes them.
+    std::array<void*, 8> free{};
+    std::size_t count = 0;
+    ~local_blocks() {
+      while (count > 0) give_shared(free[--count]);
+    }
+  };
+  struct shared_blocks {
+    std::mutex lock;
+    std::array<void*, 256> free{};
+    std::size_t count = 0;
+  };
+  static local_blocks& local() {
+    thread_local local_blocks blocks;
+    return blocks;
   }
-  std::mutex lock_;
-  std::array<void*, 256> free_{};
-  std::size_t count_ = 0;
+  static shared_blocks& shared() {
+    static shared_blocks blocks;
+    return blocks;
+  }
 };
 
 /// An allocator of single objects from a block_recycler (the control blocks of shared results).
@@ -85,6 +109,38 @@ struct recycling_allocator {
   }
 };
 
+/// Arrays waiting for reuse, the oldest first, at most `max_bytes` and `max_arrays` of them.
+template <class T>
+struct spare_arrays {
+  std::vector<xt::xarray<T>> arrays;
+  std::size_t bytes = 0;
+
+  bool take(std::size_t count, xt::xarray<T>& into) {
+    for (std::size_t k = arrays.size(); k-- > 0;)
+      if (arrays[k].size() == count) {
+        into = std::move(arrays[k]);
+        bytes -= count * sizeof(T);
+        arrays.erase(arrays.begin() + static_cast<std::ptrdiff_t>(k));
+        return true;
+      }
+    return false;
+  }
+  void give(xt::xarray<T>&& a, std::size_t max_bytes, std::size_t max_arrays) {
+    const std::size_t size = a.size() * sizeof(T);
+    if (arrays.capacity() == 0) arrays.reserve(max_arrays + 1);
+    while (!arrays.empty() && (bytes + size > max_bytes || arrays.size() >= max_arrays)) {
+      bytes -= arrays.front().size() * sizeof(T);
+      arrays.erase(arrays.begin());
+    }
+    bytes += size;
+    arrays.push_back(std::move(a));
+  }
+};
+
+/// Below this size an array waits in its thread's own pool (no lock), else in the one all
+/// threads share (a large array is worth finding from any thread).
+inline constexpr std::size_t shared_pool_bytes_min = std::size_t{64} << 10;
+
 template <class T>
 class array_pool {
  public:
@@ -95,40 +151,26 @@ class array_pool {
 
   /// An array of `count` elements whose contents are left over, if one waits.
   bool take(std::size_t count, xt::xarray<T>& into) {
+    if (count * sizeof(T) < shared_pool_bytes_min) return local().take(count, into);
     std::lock_guard guard(lock_);
-    for (std::size_t k = spare_.size(); k-- > 0;)
-      if (spare_[k].size() == count) {
-        into = std::move(spare_[k]);
-        bytes_ -= count * sizeof(T);
-        spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(k));
-        return true;
-      }
-    return false;
+    return shared_.take(count, into);
   }
 
   void give(xt::xarray<T>&& a) {
     const std::size_t bytes = a.size() * sizeof(T);
     if (bytes == 0 || bytes > recycled_bytes_max) return;
+    if (bytes < shared_pool_bytes_min) return local().give(std::move(a), shared_pool_bytes_min * 4, 16);
     std::lock_guard guard(lock_);
-    if (spare_.capacity() == 0) spare_.reserve(recycled_arrays_max + 1);
-    while (!spare_.empty() && (bytes_ + bytes > recycled_bytes_max || spare_.size() >= recycled_arrays_max)) {
-      bytes_ -= spare_.front().size() * sizeof(T);
-      spare_.erase(spare_.begin());
-    }
-    bytes_ += bytes;
-    spare_.push_back(std::move(a));
-  }
-
-  void clear() {
-    std::lock_guard guard(lock_);
-    spare_.clear();
-    bytes_ = 0;
+    shared_.give(std::move(a), recycled_bytes_max, recycled_arrays_max);
   }
 
  private:
+  static spare_arrays<T>& local() {
+    thread_local spare_arrays<T> spares;
+    return spares;
+  }
   std::mutex lock_;
-  std::vector<xt::xarray<T>> spare_;
-  std::size_t bytes_ = 0;
+  spare_arrays<T> shared_;
 };
 
 /// Gives an array that is no longer needed to its pool, for the next output of its size.

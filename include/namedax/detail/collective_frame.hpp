@@ -145,12 +145,37 @@ void make_row_major(strided_block<T>& in, xt::xarray<T>& storage) {
   in.strides = row_major_strides(in.shape);
 }
 
+/// The texts behind this thread's current collective_call, and what they describe: a call
+/// like the one before (a collective in a loop) reuses them as they are.
+struct call_texts {
+  std::string axes, parameters, shape, signature, what;
+  std::uint64_t fingerprint = 0;
+  bool reusable = false;  // no groups, and written in full
+  std::string_view verb, dtype;
+  xt::svector<std::string_view, 8> names;
+  std::string options;
+  dims_t dims;
+
+  [[nodiscard]] bool describe(std::string_view v, std::span<const named_axis> axes, std::string_view o,
+                              std::span<const std::size_t> s, std::string_view d) const {
+    return reusable && v == verb && d == dtype && o == options && std::equal(s.begin(), s.end(), dims.begin(), dims.end()) &&
+           std::equal(axes.begin(), axes.end(), names.begin(), names.end(),
+                      [](const named_axis& a, std::string_view n) { return a.name == n; });
+  }
+};
+
 /// A collective call as devices and processes compare it: `options` in the user's words.
-/// Written into this thread's call_texts, whose capacity stays: no allocation after the first.
+/// Written into texts of this thread whose capacity stays: no allocation after the first.
 template <class T>
 collective_call call_of(std::string_view verb, std::span<const named_axis> axes, std::string_view options,
                         const std::optional<groups_t>& groups, std::span<const std::size_t> shape) {
-  call_texts& t = thread_call_texts();
+  thread_local call_texts t;
+  if (!groups && t.describe(verb, axes, options, shape, dtype_name<T>()))
+    return {verb, t.axes, t.parameters, t.shape, dtype_name<T>(), t.signature, t.what, t.fingerprint};
+  t.reusable = false;
+  t.verb = verb, t.dtype = dtype_name<T>(), t.options.assign(options), t.dims.assign(shape.begin(), shape.end());
+  t.names.clear();
+  for (const auto& a : axes) t.names.push_back(a.name);
   t.axes.clear(), append_axes(t.axes, axes);
   t.parameters.assign(options);
   if (groups) write_part(t.parameters, " with groups "), write_part(t.parameters, *groups);
@@ -161,7 +186,9 @@ collective_call call_of(std::string_view verb, std::span<const named_axis> axes,
                                 std::string_view(" and type "), dtype_name<T>()})
     t.signature += part;
   t.what.assign("namedax::"), t.what += verb, t.what += " over ", t.what += t.axes;
-  return {verb, t.axes, t.parameters, t.shape, dtype_name<T>(), t.signature, t.what};
+  t.fingerprint = fingerprint_of(t.signature);
+  t.reusable = !groups;
+  return {verb, t.axes, t.parameters, t.shape, dtype_name<T>(), t.signature, t.what, t.fingerprint};
 }
 
 /// Payload shape with the dims of the vectorized `axes` set to `size_of(axis)`.

@@ -39,7 +39,7 @@ template <class T, class Shape>
 xt::xarray<T> uninitialized_array(const Shape& shape) {
   xt::xarray<T> a = empty_array<T>();
   if (reuse_array(shape, a)) return a;  // pages already touched: no faults at all
-  a = xt::xarray<T>::from_shape(shape);
+  a.resize(shape);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr std::uintptr_t page = 4096, huge = std::uintptr_t{2} << 20;
   const auto begin = reinterpret_cast<std::uintptr_t>(a.data());

@@ -67,7 +67,7 @@ struct communicator {
   // Small payloads are copied here instead of lent (see pointer_exchange): two buffers of
   // size * inline_payload_bytes, used by alternate barrier generations.
   std::vector<std::byte> inline_payloads[2];
-  std::vector<std::string> signatures;
+  std::unique_ptr<std::uint64_t[]> fingerprints;  // of each member's current call
   std::unique_ptr<std::atomic<std::uint32_t>[]> arrived_in;  // generation + 1 once a member arrived in it
   std::atomic<std::size_t> arrived{0};
   std::atomic<std::uint32_t> generation{0};
@@ -79,7 +79,7 @@ struct communicator {
 /// This device's communicator over the device axes `names` (given order) and its rank in it,
 /// row-major over `names` as JAX orders a tuple of axis names.
 struct membership {
-  std::shared_ptr<world> shared;
+  world* shared = nullptr;  // kept alive by the device threads' frames
   communicator* comm = nullptr;
   std::size_t rank = 0;
 };
@@ -91,7 +91,7 @@ inline constexpr std::size_t inline_payload_bytes = 4096;
 inline membership join(std::span<const std::string_view> names) {
   const auto& stack = frames();
   const frame* first = find_frame(names.front());
-  membership m{first->shared};
+  membership m{first->shared.get()};
   device_record* me = current_device().get();
   if (me)
     for (const auto& met : me->met)
@@ -121,7 +121,7 @@ inline membership join(std::span<const std::string_view> names) {
     for (auto s : sizes) total *= s;
     c->size = total;
     c->slots.assign(total, nullptr);
-    c->signatures.assign(total, {});
+    c->fingerprints.reset(new std::uint64_t[total]());
     c->arrived_in.reset(new std::atomic<std::uint32_t>[total]);
     for (std::size_t r = 0; r < total; ++r) c->arrived_in[r] = 0;
     for (auto& buffer : c->inline_payloads) buffer.resize(total * inline_payload_bytes);
@@ -144,6 +144,34 @@ inline membership join(std::span<const std::string_view> names) {
   if (me) me->met.push_back({{names.begin(), names.end()}, m.comm, m.rank});
   return m;
 }
+
+/// A collective call as the devices compare it and the trace records it. Its texts live in
+/// buffers of the calling thread that keep their capacity, so that describing a call
+/// allocates nothing after the first; they hold until the thread describes its next call.
+struct collective_call {
+  std::string_view op, axes, parameters, shape, dtype;
+  std::string_view signature;  // all of the above in one text
+  std::string_view what;       // "namedax::psum over ('i',)", for messages
+  std::uint64_t fingerprint;   // of the signature, which is what devices compare
+};
+
+/// A 64-bit FNV-1a hash of a text.
+inline std::uint64_t fingerprint_of(std::string_view text) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+/// The call device `path` is in now: the last it entered (for a mismatch report).
+inline std::string current_call_of(world& w, const std::string& path) {
+  auto it = w.devices.find(path);
+  if (it == w.devices.end()) return "an unknown collective";
+  device_record& d = *it->second;
+  std::lock_guard guard(d.lock);
+  return d.entered == 0 ? std::string("no collective") : d.recent[(d.entered - 1) % d.recent.size()];
+}
+
+
 
 /// Sleeps until the barrier of generation `gen` completes or the world is poisoned; once a
 /// millisecond, looks under the world's lock whether a member left, every running device
@@ -188,10 +216,14 @@ inline std::optional<std::string> sleep_until_released(const membership& m, std:
   return trouble;
 }
 
-/// Waits until every member arrived. With a signature, the members' signatures must agree.
+/// How often a waiter yields, where devices outnumber cores, before it sleeps.
+inline constexpr int crowded_yields = 16;
+
+/// Waits until every member arrived. With a call, the members' calls must agree: their
+/// fingerprints are compared, and on a mismatch their texts, kept in their device records.
 /// Throws collective_error instead of waiting forever: when a member returned or failed, when
 /// every running device waits (a deadlock: devices wait in different collectives), or on timeout.
-inline void arrive_and_wait(const membership& m, std::optional<std::string_view> signature, std::string_view what) {
+inline void arrive_and_wait(const membership& m, const collective_call* call, std::string_view what) {
   world& w = *m.shared;
   communicator& c = *m.comm;
   const auto& me = current_device();
@@ -203,16 +235,17 @@ inline void arrive_and_wait(const membership& m, std::optional<std::string_view>
     abort(w.reason);
   }
   const std::uint32_t gen = c.generation.load(std::memory_order_acquire);
-  if (signature) c.signatures[m.rank] = *signature, me->enter(*signature);
+  if (call) c.fingerprints[m.rank] = call->fingerprint, me->enter(call->signature);
   c.arrived_in[m.rank].store(gen + 1, std::memory_order_relaxed);
   if (c.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == c.size) {
-    if (signature)
+    if (call)
       for (std::size_t r = 0; r < c.size && !c.failed; ++r)
-        if (c.signatures[r] != c.signatures[0]) {
+        if (c.fingerprints[r] != c.fingerprints[0]) {
           std::lock_guard guard(w.lock);
           c.failure = message("devices made different collective calls at the same point: device ", c.member_paths[0],
-                              " called ", c.signatures[0], ", device ", c.member_paths[r], " called ",
-                              c.signatures[r], "; every device must make the same collective calls in the same order",
+                              " called ", current_call_of(w, c.member_paths[0]), ", device ", c.member_paths[r],
+                              " called ", current_call_of(w, c.member_paths[r]),
+                              "; every device must make the same collective calls in the same order",
                               w.recent_collectives());
           c.failed = true;
         }
@@ -221,14 +254,19 @@ inline void arrive_and_wait(const membership& m, std::optional<std::string_view>
     if (c.sleepers.load(std::memory_order_seq_cst) > 0) wake_sleepers(c.generation);
   } else {
     // Spin briefly, then sleep: a barrier among running threads costs well under a
-    // microsecond, while sleeping costs a context switch. Where devices outnumber cores,
-    // the spin yields at once, to let the devices that have not arrived run.
+    // microsecond, while sleeping costs a context switch. Where devices outnumber cores, a
+    // waiter yields a few times and then sleeps, so that the devices that have not arrived
+    // get the cores (a waiter that keeps yielding is scheduled again and again).
+    const bool crowded = w.running > static_cast<int>(hardware_threads());
     const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-    const int busy_spins = w.running <= static_cast<int>(hardware_threads()) ? 4096 : 0;
     for (int spin = 0; c.generation.load(std::memory_order_acquire) == gen && !w.poisoned.load(); ++spin) {
-      if (spin % 64 == 63 && std::chrono::steady_clock::now() > spin_until) break;
-      if (spin >= busy_spins) std::this_thread::yield();
-      else cpu_relax();
+      if (crowded) {
+        if (spin == crowded_yields) break;
+        std::this_thread::yield();
+      } else {
+        if (spin % 64 == 63 && std::chrono::steady_clock::now() > spin_until) break;
+        cpu_relax();
+      }
     }
     if (c.generation.load(std::memory_order_acquire) == gen) {
       if (auto trouble = sleep_until_released(m, gen, what)) {
@@ -244,24 +282,6 @@ inline void arrive_and_wait(const membership& m, std::optional<std::string_view>
     }
   }
   if (c.failed) throw collective_error(message(what, ": ", c.failure));
-}
-
-/// A collective call as the devices compare it and the trace records it. Its texts live in
-/// buffers of the calling thread that keep their capacity, so that describing a call
-/// allocates nothing after the first; they hold until the thread describes its next call.
-struct collective_call {
-  std::string_view op, axes, parameters, shape, dtype;
-  std::string_view signature;  // all of the above in one text
-  std::string_view what;       // "namedax::psum over ('i',)", for messages
-};
-
-/// The buffers behind this thread's current collective_call.
-struct call_texts {
-  std::string axes, parameters, shape, signature, what;
-};
-inline call_texts& thread_call_texts() {
-  thread_local call_texts texts;
-  return texts;
 }
 
 /// One exchange of pointers: every member offers its buffer, reads the others' after
@@ -282,7 +302,7 @@ class pointer_exchange {
     } else {
       c.slots[m_.rank] = mine;
     }
-    arrive_and_wait(m_, call_.signature, call_.what);
+    arrive_and_wait(m_, &call_, call_.what);
     if (arrival_us_ >= 0) wait_us_ = trace_clock_us() - arrival_us_;
   }
   [[nodiscard]] const void* slot(std::size_t rank) const {
@@ -291,7 +311,7 @@ class pointer_exchange {
   [[nodiscard]] std::size_t rank() const { return m_.rank; }
   [[nodiscard]] std::size_t size() const { return m_.comm->size; }
   void release() {
-    if (!copied_) arrive_and_wait(m_, std::nullopt, call_.what);
+    if (!copied_) arrive_and_wait(m_, nullptr, call_.what);
     if (arrival_us_ >= 0) {
       const auto& me = *current_device();
       record(trace_event{me.path, std::string(call_.op), std::string(call_.axes), std::string(call_.parameters),
