@@ -3,8 +3,9 @@
 // axis of a reduction or an all_gather is placed on device threads and the operand varies
 // along all of them, the devices build ONE output together and each returns a reference to
 // it (values are never written once made). A reduction folds 1/N of every member per device;
-// an all_gather copies each member once, by its own device. Each returns nothing when its
-// case does not apply; the rule (reduction.hpp, all_gather.hpp) then runs.
+// an all_gather copies each member once, by its own device. A small reduction is one shot
+// instead: one barrier, then each device folds the members itself. Each returns nothing
+// when its case does not apply; the rule (reduction.hpp, all_gather.hpp) then runs.
 #pragma once
 
 #include <namedax/detail/all_gather.hpp>
@@ -71,17 +72,39 @@ class shared_output_exchange {
   std::optional<pointer_exchange> exchange_;
 };
 
-/// psum, pmean, pmax, pmin. Device r folds chunk r of the members, in rank order (the rule's
-/// order, so the bits are the same), into the one output; after the second barrier it is
-/// whole. Returns the result and, with `count_members`, pmean's divisor (else an empty array).
+/// psum, pmean, pmax, pmin, with the members folded in rank order (the rule's order, so the
+/// bits are the same). A payload of at most inline_payload_bytes is copied into the
+/// communicator, and each device folds every member into an output of its own: one barrier,
+/// and none of the rule's bookkeeping. From chunked_reduction_bytes, device r folds chunk r
+/// of the members into the one shared output; after the second barrier it is whole. Returns
+/// the result and, with `count_members`, pmean's divisor (else an empty array).
 template <class T, class Op>
 std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_threads(
     std::string_view verb, const strided_block<T>& in, std::span<const named_axis> axes,
     const std::optional<groups_t>& groups, bool count_members, Op op) {
-  const std::size_t count = element_count(in.shape);
-  if (groups || count * sizeof(T) < chunked_reduction_bytes || in.strides != row_major_strides(in.shape)) return std::nullopt;
+  const std::size_t count = element_count(in.shape), bytes = count * sizeof(T);
+  const bool one_shot = bytes > 0 && bytes <= inline_payload_bytes;
+  if (groups || (!one_shot && bytes < chunked_reduction_bytes) || in.strides != row_major_strides(in.shape))
+    return std::nullopt;
   const auto names = thread_axes(axes);
   if (!names) return std::nullopt;
+  auto divisor = [&](std::size_t n) {
+    xt::xarray<float> d = empty_array<float>();
+    if (count_members) d = uninitialized_array<float>(dims_t(in.shape.size(), 1)), d.fill(static_cast<float>(n));
+    return d;
+  };
+  if (one_shot) {
+    pointer_exchange exchange(join(*names), in.data, call_of<T>(verb, axes, "", std::nullopt, in.shape), bytes);
+    const std::size_t n = exchange.size();
+    auto out = uninitialized_array<T>(in.shape);
+    for (std::size_t k = 0; k < count; ++k) {
+      T acc = static_cast<const T*>(exchange.slot(0))[k];
+      for (std::size_t m = 1; m < n; ++m) acc = op(acc, static_cast<const T*>(exchange.slot(m))[k]);
+      out.data()[k] = acc;
+    }
+    exchange.release();
+    return std::pair{share_array(std::move(out)), divisor(n)};
+  }
   shared_output_exchange<T> exchange(*names, in.data, call_of<T>(verb, axes, "", std::nullopt, in.shape), in.shape);
   const std::size_t n = exchange.size(), r = exchange.rank();
   // Chunk r, folded by the rule's own loop, in pieces that stay in cache.
@@ -93,10 +116,7 @@ std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_thread
     for (std::size_t m = 0; m < n; ++m) sources[m] = exchange.input(m) + lo;
     fold_members<T>(std::span<const T* const>(sources.data(), n), length, unit, exchange.output() + lo, unit, op);
   }
-  auto out = exchange.finish();
-  xt::xarray<float> divisor = empty_array<float>();
-  if (count_members) divisor = uninitialized_array<float>(dims_t(in.shape.size(), 1)), divisor.fill(static_cast<float>(n));
-  return std::pair{std::move(out), std::move(divisor)};
+  return std::pair{exchange.finish(), divisor(n)};
 }
 
 /// all_gather without groups: each device copies its own member into its place in the one
