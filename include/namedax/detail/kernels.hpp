@@ -35,8 +35,8 @@ using strides_t = xt::svector<std::ptrdiff_t, 8>;
 /// A row-major array of `shape` whose elements are not initialized yet. A large one asks the
 /// kernel for transparent huge pages: a fresh 64 MiB output is 16384 first-touch faults of
 /// 4 KiB (about 0.2 s on virtual machines), against 32 of 2 MiB.
-template <class T, class Shape>
-xt::xarray<T> uninitialized_array(const Shape& shape) {
+template <class T>
+xt::xarray<T> uninitialized_array(std::span<const std::size_t> shape) {
   xt::xarray<T> a = empty_array<T>();
   if (reuse_array(shape, a)) return a;  // pages already touched: no faults at all
   a.resize(shape);
@@ -60,6 +60,14 @@ xt::xarray<T> uninitialized_array(const Shape& shape) {
   }
 #endif
   return a;
+}
+/// The same for any other sequence of extents: one instantiation per element type, whatever
+/// the shape's type.
+template <class T, class Shape>
+  requires(!std::is_convertible_v<const Shape&, std::span<const std::size_t>>)
+xt::xarray<T> uninitialized_array(const Shape& shape) {
+  const dims_t extents(std::begin(shape), std::end(shape));
+  return uninitialized_array<T>(std::span<const std::size_t>(extents));
 }
 
 /// Whether xsimd has batches of T for the architecture the code is compiled for (bool is
