@@ -175,12 +175,6 @@ inline std::unique_ptr<mesh>& current_mesh() {
   return instance;
 }
 
-inline std::uint64_t fingerprint(std::string_view text) {
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 /// The process axes of the enclosing process maps. The world rank is, row-major, the indices
 /// along them and then this process's place in its block (the processes of one index of the
 /// innermost axis, which an inner process map splits further).
@@ -235,12 +229,12 @@ class grid final : public process_grid {
     return *slot;
   }
 
-  void agree(const std::string& signature, std::string_view what) override {
+  void agree(std::string_view signature, std::string_view what) override {
     if (agree_on_every_collective()) agree_now(signature, what);
   }
 
-  void agree_now(const std::string& signature, std::string_view what) {
-    const std::uint64_t mine = fingerprint(signature);
+  void agree_now(std::string_view signature, std::string_view what) {
+    const std::uint64_t mine = fingerprint_of(signature);
     std::uint64_t seen[2] = {mine, ~mine};  // max and ~min over the processes: equal when all agree
     check(MPI_Allreduce(MPI_IN_PLACE, seen, 2, MPI_UINT64_T, MPI_MAX, mesh_->world), "MPI_Allreduce");
     if (seen[0] == ~seen[1]) return;
@@ -288,7 +282,7 @@ class grid final : public process_grid {
   }
 
   /// Every process's path and signature, for the message (only after a disagreement).
-  std::string disagreement(const std::string& signature) const {
+  std::string disagreement(std::string_view signature) const {
     const std::string mine = message(path(), '\x02', signature);
     int length = static_cast<int>(mine.size());
     std::vector<int> lengths(mesh_->size), offsets(mesh_->size);

@@ -42,7 +42,7 @@ std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_blo
   make_row_major(call.in, call.contiguous);
   process_grid& grid = innermost_process_grid();
   const collective_call described = call_of<T>(verb, axes, options, groups, call.in.shape);
-  grid.agree(std::string(described.signature), described.what);
+  grid.agree(described.signature, described.what);
   call.channel = &grid.channel(names, groups ? &*groups : nullptr);
   return call;
 }

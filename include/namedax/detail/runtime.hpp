@@ -69,7 +69,7 @@ struct process_grid {
   virtual process_channel& channel(std::span<const std::string_view> names, const groups_t* groups) = 0;
   /// Checks that every process makes the same call: `signature` must be equal everywhere,
   /// else every process throws a collective_error naming the processes and their calls.
-  virtual void agree(const std::string& signature, std::string_view what) = 0;
+  virtual void agree(std::string_view signature, std::string_view what) = 0;
   /// Processes per index of the innermost process axis (all processes before any): what a
   /// new process axis splits among its indices.
   [[nodiscard]] virtual std::size_t block_size() const = 0;
