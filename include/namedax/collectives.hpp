@@ -132,7 +132,7 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     auto dims = canonical_positional(verb, list.positional, rank);
     float positional_count = 1;
     for (auto d : dims) positional_count *= static_cast<float>(in.shape[d]);
-    if (!dims.empty()) {
+    if constexpr (P > 0) {  // the axis list's type says whether positional axes are reduced
       storage = reduce_positional<T>(in, dims, op);
       in = block_of(storage);
     }
