@@ -150,15 +150,15 @@ void make_row_major(strided_block<T>& in, xt::xarray<T>& storage) {
 struct call_texts {
   std::string axes, parameters, shape, signature, what;
   std::uint64_t fingerprint = 0;
-  bool reusable = false;  // no groups, and written in full
+  bool reusable = false;  // no groups (so `parameters` are the options), and written in full
   std::string_view verb, dtype;
   xt::svector<std::string_view, 8> names;
-  std::string options;
   dims_t dims;
 
-  [[nodiscard]] bool describe(std::string_view v, std::span<const named_axis> axes, std::string_view o,
+  [[nodiscard]] bool describe(std::string_view v, std::span<const named_axis> axes, std::string_view options,
                               std::span<const std::size_t> s, std::string_view d) const {
-    return reusable && v == verb && d == dtype && o == options && std::equal(s.begin(), s.end(), dims.begin(), dims.end()) &&
+    return reusable && v == verb && d == dtype && options == parameters &&
+           std::equal(s.begin(), s.end(), dims.begin(), dims.end()) &&
            std::equal(axes.begin(), axes.end(), names.begin(), names.end(),
                       [](const named_axis& a, std::string_view n) { return a.name == n; });
   }
@@ -173,7 +173,7 @@ collective_call call_of(std::string_view verb, std::span<const named_axis> axes,
   if (!groups && t.describe(verb, axes, options, shape, dtype_name<T>()))
     return {verb, t.axes, t.parameters, t.shape, dtype_name<T>(), t.signature, t.what, t.fingerprint};
   t.reusable = false;
-  t.verb = verb, t.dtype = dtype_name<T>(), t.options.assign(options), t.dims.assign(shape.begin(), shape.end());
+  t.verb = verb, t.dtype = dtype_name<T>(), t.dims.assign(shape.begin(), shape.end());
   t.names.clear();
   for (const auto& a : axes) t.names.push_back(a.name);
   t.axes.clear(), append_axes(t.axes, axes);

@@ -171,8 +171,6 @@ inline std::string current_call_of(world& w, const std::string& path) {
   return d.entered == 0 ? std::string("no collective") : d.recent[(d.entered - 1) % d.recent.size()];
 }
 
-
-
 /// Sleeps until the barrier of generation `gen` completes or the world is poisoned; once a
 /// millisecond, looks under the world's lock whether a member left, every running device
 /// sleeps (a deadlock), or the timeout passed, and then returns what is wrong.
