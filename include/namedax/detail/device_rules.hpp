@@ -72,6 +72,17 @@ class shared_output_exchange {
   std::optional<pointer_exchange> exchange_;
 };
 
+/// Folds elements [lo, lo + length) of the members `member(m)`, m < n, into `out + lo`, in
+/// rank order, with the rule's kernel.
+template <class T, class Member, class Op>
+void fold_range(std::size_t n, Member member, std::size_t lo, std::size_t length, T* out, Op op) {
+  xt::svector<const T*, 16> sources(n);
+  for (std::size_t m = 0; m < n; ++m) sources[m] = member(m) + lo;
+  const std::size_t extent[] = {length};
+  const std::ptrdiff_t unit[] = {1};
+  fold_members<T>(std::span<const T* const>(sources.data(), n), extent, unit, out + lo, unit, op);
+}
+
 /// psum, pmean, pmax, pmin, with the members folded in rank order (the rule's order, so the
 /// bits are the same). A payload of at most inline_payload_bytes is copied into the
 /// communicator, and each device folds every member into an output of its own: one barrier,
@@ -97,11 +108,7 @@ std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_thread
     pointer_exchange exchange(join(*names), in.data, call_of<T>(verb, axes, "", std::nullopt, in.shape), bytes);
     const std::size_t n = exchange.size();
     auto out = uninitialized_array<T>(in.shape);
-    for (std::size_t k = 0; k < count; ++k) {
-      T acc = static_cast<const T*>(exchange.slot(0))[k];
-      for (std::size_t m = 1; m < n; ++m) acc = op(acc, static_cast<const T*>(exchange.slot(m))[k]);
-      out.data()[k] = acc;
-    }
+    fold_range(n, [&](std::size_t m) { return static_cast<const T*>(exchange.slot(m)); }, 0, count, out.data(), op);
     exchange.release();
     return std::pair{share_array(std::move(out)), divisor(n)};
   }
@@ -109,13 +116,8 @@ std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_thread
   const std::size_t n = exchange.size(), r = exchange.rank();
   // Chunk r, folded by the rule's own loop, in pieces that stay in cache.
   constexpr std::size_t piece = std::size_t{1} << 16;
-  const std::ptrdiff_t unit[] = {1};
-  xt::svector<const T*, 16> sources(n);
-  for (std::size_t lo = r * count / n, end = (r + 1) * count / n; lo < end; lo += piece) {
-    const std::size_t length[] = {std::min(piece, end - lo)};
-    for (std::size_t m = 0; m < n; ++m) sources[m] = exchange.input(m) + lo;
-    fold_members<T>(std::span<const T* const>(sources.data(), n), length, unit, exchange.output() + lo, unit, op);
-  }
+  for (std::size_t lo = r * count / n, end = (r + 1) * count / n; lo < end; lo += piece)
+    fold_range(n, [&](std::size_t m) { return exchange.input(m); }, lo, std::min(piece, end - lo), exchange.output(), op);
   return std::pair{exchange.finish(), divisor(n)};
 }
 

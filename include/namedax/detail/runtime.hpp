@@ -127,14 +127,17 @@ struct device_record {
   /// Whether it sleeps in a rendezvous that nobody has completed yet.
   [[nodiscard]] bool stuck() {
     std::lock_guard guard(lock);
-    return blocked_on && blocked_on->load() == blocked_generation;
+    return blocked();
   }
   /// What it sleeps in, if it is stuck.
   [[nodiscard]] std::optional<std::string> stuck_in() {
     std::lock_guard guard(lock);
-    if (blocked_on && blocked_on->load() == blocked_generation) return waiting_in;
+    if (blocked()) return waiting_in;
     return std::nullopt;
   }
+
+ private:
+  [[nodiscard]] bool blocked() const { return blocked_on && blocked_on->load() == blocked_generation; }
 };
 
 /// Everything the devices of one outermost pmap share: one lock for their bookkeeping, the
