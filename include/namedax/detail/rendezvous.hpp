@@ -67,10 +67,15 @@ struct communicator {
   // Small payloads are copied here instead of lent (see pointer_exchange): two buffers of
   // size * inline_payload_bytes, used by alternate barrier generations.
   std::vector<std::byte> inline_payloads[2];
-  std::unique_ptr<std::uint64_t[]> fingerprints;  // of each member's current call
-  std::unique_ptr<std::atomic<std::uint32_t>[]> arrived_in;  // generation + 1 once a member arrived in it
-  std::atomic<std::size_t> arrived{0};
-  std::atomic<std::uint32_t> generation{0};
+  // What each member writes when it arrives, a cache line each: members that shared a line
+  // would take it from one another's cores on every call.
+  struct alignas(64) arrival {
+    std::uint64_t fingerprint = 0;             // of the member's current call
+    std::atomic<std::uint32_t> generation{0};  // generation + 1 once the member arrived in it
+  };
+  std::unique_ptr<arrival[]> arrivals;
+  alignas(64) std::atomic<std::size_t> arrived{0};  // counted by every member
+  alignas(64) std::atomic<std::uint32_t> generation{0};  // watched by every waiter
   std::atomic<int> sleepers{0};
   bool failed = false;  // the signatures differed; written before the release
   std::string failure;
@@ -121,9 +126,7 @@ inline membership join(std::span<const std::string_view> names) {
     for (auto s : sizes) total *= s;
     c->size = total;
     c->slots.assign(total, nullptr);
-    c->fingerprints.reset(new std::uint64_t[total]());
-    c->arrived_in.reset(new std::atomic<std::uint32_t>[total]);
-    for (std::size_t r = 0; r < total; ++r) c->arrived_in[r] = 0;
+    c->arrivals.reset(new communicator::arrival[total]);
     for (auto& buffer : c->inline_payloads) buffer.resize(total * inline_payload_bytes);
     for (std::size_t r = 0; r < total; ++r) {
       // The path of member r: this device's path with the coordinates along `names` replaced.
@@ -192,7 +195,7 @@ inline std::optional<std::string> sleep_until_released(const membership& m, std:
     next_check = now + std::chrono::milliseconds(1);
     std::lock_guard guard(w.lock);
     for (std::size_t r = 0; r < c.size && !trouble; ++r) {
-      if (c.arrived_in[r].load(std::memory_order_relaxed) == gen + 1) continue;
+      if (c.arrivals[r].generation.load(std::memory_order_relaxed) == gen + 1) continue;
       auto it = w.devices.find(c.member_paths[r]);
       if (it != w.devices.end() && it->second->now == device_record::state::finished)
         trouble = message("device ", c.member_paths[r], " returned from the mapped function while device ", me.path,
@@ -233,12 +236,12 @@ inline void arrive_and_wait(const membership& m, const collective_call* call, st
     abort(w.reason);
   }
   const std::uint32_t gen = c.generation.load(std::memory_order_acquire);
-  if (call) c.fingerprints[m.rank] = call->fingerprint, me->enter(call->signature);
-  c.arrived_in[m.rank].store(gen + 1, std::memory_order_relaxed);
+  if (call) c.arrivals[m.rank].fingerprint = call->fingerprint, me->enter(call->signature);
+  c.arrivals[m.rank].generation.store(gen + 1, std::memory_order_relaxed);
   if (c.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == c.size) {
     if (call)
       for (std::size_t r = 0; r < c.size && !c.failed; ++r)
-        if (c.fingerprints[r] != c.fingerprints[0]) {
+        if (c.arrivals[r].fingerprint != c.arrivals[0].fingerprint) {
           std::lock_guard guard(w.lock);
           c.failure = message("devices made different collective calls at the same point: device ", c.member_paths[0],
                               " called ", current_call_of(w, c.member_paths[0]), ", device ", c.member_paths[r],
