@@ -54,6 +54,28 @@ TEST_SUITE("maps") {
                          namedax::error);
   }
 
+  TEST_CASE("nested pytree outputs: a tuple of a value, a pair and an array, stacked leaf by leaf") {
+    xt::xarray<float> x = xt::arange<float>(8).reshape({4, 2});
+    auto f = [](auto v) {
+      return std::tuple{namedax::psum(v, "i"_ax),
+                        std::pair{v * 2.f, std::tuple{namedax::eval(v + 1.f), namedax::axis_index("i"_ax)}},
+                        std::array{namedax::eval(v), namedax::eval(-v)}};
+    };
+    const auto vectorized = namedax::vmap<"i">(f)(x);
+    const auto devices = namedax::pmap<"i">(f)(x);
+    // out_axes applies to every leaf.
+    auto g = [](auto v) { return std::pair{v * 2.f, std::tuple{namedax::eval(v + 1.f)}}; };
+    const auto moved = namedax::pmap<"i">(g, 0, 1)(x);
+    for (const auto& out : {vectorized, devices}) {
+      const auto& [sum, pair, array] = out;
+      CHECK_BITWISE(sum, xt::xarray<float>(xt::broadcast(xt::sum(x, {0}), {4, 2})));
+      CHECK_BITWISE(pair.first, xt::xarray<float>(x * 2.f));
+      CHECK_BITWISE(std::get<0>(pair.second), xt::xarray<float>(x + 1.f));
+      CHECK_BITWISE(std::get<1>(pair.second), (xt::xarray<std::int32_t>{0, 1, 2, 3}));
+      CHECK_BITWISE(array[1], xt::xarray<float>(-x));
+    }
+    CHECK_BITWISE(std::get<0>(moved.second), xt::xarray<float>(xt::transpose(x + 1.f)));
+  }
   TEST_CASE("nested maps: every mix of vmap and pmap, outputs stacked outermost first") {
     xt::xarray<int> x = xt::arange<int>(12).reshape({3, 4});
     auto f = [](auto x) { return x * 10 + namedax::axis_index("j"_ax); };

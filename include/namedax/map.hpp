@@ -276,20 +276,22 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
       });
     };
     using leaves_type = decltype(evaluate_leaves(std::declval<const result_type&>()));
-    // Stacks every result leaf along the new axis from its slabs, one per index.
+    // Stacks every result leaf along the new axis from its slabs, one per index, and rebuilds
+    // the result's structure around them, nodes within nodes. `get` picks, from one index's
+    // evaluated leaves, the part that `Part` (a leaf or node of the result type) describes.
     auto stack_leaves = [&](auto slabs_of) {
-      auto stack = [&]<class Leaf>(auto get) {
-        return map_output<Outer, result_mask<Inner, Leaf>>(verb, A::name, slabs_of(get), out_axes);
+      auto stack = [&]<class Part>(const auto& self, auto get) {
+        if constexpr (is_node<Part>) {
+          using parts = decltype(children(std::declval<const Part&>()));
+          return [&]<std::size_t... I>(std::index_sequence<I...>) {
+            return make_like<Part>(self.template operator()<std::remove_cvref_t<std::tuple_element_t<I, parts>>>(
+                self, [get](const auto& leaves) -> const auto& { return std::get<I>(children(get(leaves))); })...);
+          }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+        } else {
+          return map_output<Outer, result_mask<Inner, Part>>(verb, A::name, slabs_of(get), out_axes);
+        }
       };
-      if constexpr (is_node<result_type>) {
-        using parts = decltype(children(std::declval<const result_type&>()));
-        return [&]<std::size_t... I>(std::index_sequence<I...>) {
-          return make_like<result_type>(stack.template operator()<std::remove_cvref_t<std::tuple_element_t<I, parts>>>(
-              [](const auto& leaves) -> const auto& { return std::get<I>(children(leaves)); })...);
-        }(std::make_index_sequence<std::tuple_size_v<parts>>{});
-      } else {
-        return stack.template operator()<result_type>([](const auto& leaf) -> const auto& { return leaf; });
-      }
+      return stack.template operator()<result_type>(stack, [](const auto& leaves) -> const auto& { return leaves; });
     };
 
     if constexpr (OnProcesses) {
