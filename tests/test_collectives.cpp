@@ -251,6 +251,48 @@ TEST_SUITE("reductions") {
       CHECK(xt::all(xt::equal(d, 4)));
     }
   }
+  TEST_CASE("pytrees: a reduction's leaves meet once among devices, with the bits of one leaf at a time") {
+    // Leaves copied into the communicator together (under 4 KiB in all), lent and folded whole
+    // by every device, and folded in chunks into shared outputs (256 KiB and more).
+    std::mt19937 rng(11);
+    const std::vector<std::pair<std::vector<std::size_t>, std::vector<std::size_t>>> shapes{
+        {{5, 3}, {5, 2, 2}}, {{5, 3000}, {5, 1}}, {{5, 70000}, {5, 3, 7}}};
+    for (const auto& [sa, sb] : shapes) {
+      const xt::xarray<float> a = namedax_test::random_array<float>(rng, sa), b = namedax_test::random_array<float>(rng, sb);
+      auto together = [](auto a, auto b) {
+        return std::tuple{namedax::psum(std::tuple{a, b}, "i"_ax), namedax::pmean(std::pair{a, b}, "i"_ax),
+                          namedax::pmax(std::tuple{b, a}, "i"_ax), namedax::pmin(std::tuple{a, b}, "i"_ax)};
+      };
+      auto apart = [](auto a, auto b) {
+        return std::tuple{std::tuple{namedax::psum(a, "i"_ax), namedax::psum(b, "i"_ax)},
+                          std::pair{namedax::pmean(a, "i"_ax), namedax::pmean(b, "i"_ax)},
+                          std::tuple{namedax::pmax(b, "i"_ax), namedax::pmax(a, "i"_ax)},
+                          std::tuple{namedax::pmin(a, "i"_ax), namedax::pmin(b, "i"_ax)}};
+      };
+      namedax::start_tracing();
+      const auto devices = namedax::pmap<"i">(together)(a, b);
+      const auto events = namedax::stop_tracing();
+      CHECK(events.size() == 5 * 4);  // one exchange per reduction and device, not one per leaf
+      const auto leaf_by_leaf = namedax::pmap<"i">(apart)(a, b);
+      const auto vectorized = namedax::vmap<"i">(together)(a, b);
+      CHECK(namedax_test::tree_bitwise_equal(devices, leaf_by_leaf));
+      CHECK(namedax_test::tree_bitwise_equal(devices, vectorized));
+    }
+  }
+  TEST_CASE("pytrees: devices whose leaves split the same total differently get an error naming both shapes") {
+    xt::xarray<float> x = xt::ones<float>({2, 4});
+    auto f = [](auto x) {
+      auto mine = namedax::eval(x);
+      auto row = namedax::eval(namedax::expand_dims(mine, 0));
+      if (namedax::axis_index("i"_ax) == 0) (void)namedax::psum(std::tuple{mine, row}, "i"_ax);
+      else (void)namedax::psum(std::tuple{row, mine}, "i"_ax);
+      return mine;
+    };
+    const std::string e = error_of([&] { namedax::pmap<"i">(f)(x); });
+    CHECK(e.find("devices made different collective calls") != std::string::npos);
+    CHECK(e.find("psum over ('i',) of 2 leaves of shapes (4,), (1, 4)") != std::string::npos);
+    CHECK(e.find("psum over ('i',) of 2 leaves of shapes (1, 4), (4,)") != std::string::npos);
+  }
 }
 
 TEST_SUITE("bad input") {

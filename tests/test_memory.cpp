@@ -70,7 +70,7 @@ TEST_SUITE("memory") {
     CHECK(out(7, n - 1) == 8.0f * static_cast<float>((n - 1) % 1024));
     MESSAGE("psum, 8 x 64 MiB: peak heap growth ", psum_peak >> 20, " MiB = ", psum_peak / data, " x the data");
     CHECK(psum_peak / data < 1.15);
-    out = {};
+    out = xt::xarray<float>();
 
     // A reduce-scatter: each device keeps an eighth, so the outputs are small.
     const std::size_t scatter_peak = peak_growth(
@@ -78,7 +78,7 @@ TEST_SUITE("memory") {
     CHECK(out.shape() == std::vector<std::size_t>{devices, n / devices});
     MESSAGE("psum_scatter, 8 x 64 MiB: peak heap growth ", scatter_peak >> 20, " MiB = ", scatter_peak / data, " x the data");
     CHECK(scatter_peak / data < 0.30);
-    out = {};
+    out = xt::xarray<float>();
 
     // all_to_all moves every element once: outputs only.
     const std::size_t a2a_peak =
@@ -92,8 +92,9 @@ TEST_SUITE("memory") {
     // Outputs come back to the pool when dropped, and result objects, control blocks, texts
     // and scratch are recycled: after the first calls (which size the buffers and fill the
     // free lists of the threads that make results and of those that drop them), a call of
-    // psum, pmean, pmax, all_gather, psum_scatter, all_to_all or ppermute on a device thread
-    // performs no heap allocation at all, for a 4-byte and for a 4 MiB payload.
+    // psum (of one leaf and of two), pmean, pmax, all_gather, psum_scatter, all_to_all or
+    // ppermute on a device thread performs no heap allocation at all, for a 4-byte and for a
+    // 4 MiB payload.
     static const std::vector<std::pair<int, int>> ring{{0, 1}, {1, 2}, {2, 3}, {3, 0}};
     constexpr std::size_t devices = 4;
     for (std::size_t n : {std::size_t{1}, std::size_t{4} << 18}) {
@@ -103,6 +104,7 @@ TEST_SUITE("memory") {
         const auto mine = namedax::eval(slice);
         auto all = [&] {
           (void)namedax::psum(mine, "i"_ax);
+          (void)namedax::psum(std::tuple{mine, mine}, "i"_ax);  // two leaves, one exchange
           (void)namedax::pmean(mine, "i"_ax);
           (void)namedax::pmax(mine, "i"_ax);
           (void)namedax::all_gather(mine, "i"_ax);

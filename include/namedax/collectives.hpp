@@ -197,11 +197,21 @@ constexpr bool fusable_leaves() {
   }
 }
 
-/// A node of leaves reduced over process axes alone: one agreement and one MPI_Allreduce
-/// for all of them, on their payloads laid end to end. Nothing when the axes are not all
-/// placed on processes.
-template <class Verb, reduction K, bool Grouped, class X, class... Names>
-auto fused_across_processes(const X& x, const std::optional<groups_t>& groups) {
+/// The leaves of node X as blocks of T in memory (copied into `storage` where they are not).
+template <class T, class X, std::size_t N>
+std::array<strided_block<T>, N> leaf_blocks(const X& x, std::array<xt::xarray<T>, N>& storage) {
+  std::array<strided_block<T>, N> blocks;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((blocks[I] = block_in_memory<T>(std::get<I>(children(x)).payload(), storage[I])), ...);
+  }(std::make_index_sequence<N>{});
+  return blocks;
+}
+
+/// A reduction of node X in one exchange for all its leaves, when `applies(axes)`:
+/// `reduce(axes, blocks)` returns each leaf's result and pmean's divisors, or nothing. Leaves
+/// of one accumulated type that vary along every name (fusable_leaves).
+template <class Verb, reduction K, bool Grouped, class X, class... Names, class Applies, class Reduce>
+auto fused_reduction(const X& x, const std::optional<groups_t>& groups, Applies applies, Reduce reduce) {
   using parts = decltype(children(x));
   using first = std::remove_cvref_t<std::tuple_element_t<0, parts>>;
   using T = accumulate_t<K, typename first::value_type>;
@@ -211,30 +221,58 @@ auto fused_across_processes(const X& x, const std::optional<groups_t>& groups) {
   constexpr std::size_t count = std::tuple_size_v<parts>;
   std::optional<result> out;
   const auto axes = describe_named_axes<first, Names...>(Verb::name);
-  if (!placed_on_processes(axes)) return out;
-  std::array<xt::xarray<T>, count> storage;
-  std::array<strided_block<T>, count> blocks;
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    ((blocks[I] = block_in_memory<T>(std::get<I>(children(x)).payload(), storage[I])), ...);
+  if (!applies(std::span<const named_axis>(axes))) return out;
+  auto storage = []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array<xt::xarray<T>, count>{(void(I), empty_array<T>())...};  // no element allocated
   }(std::make_index_sequence<count>{});
-  std::array<std::size_t, count + 1> offsets{};
-  for (std::size_t k = 0; k < count; ++k) offsets[k + 1] = offsets[k] + element_count(blocks[k].shape);
-  auto laid = xt::xarray<T>::from_shape({offsets[count]});
-  for (std::size_t k = 0; k < count; ++k) copy_strided(blocks[k], laid.data() + offsets[k]);
-  auto sum = reduce_across_processes<T>(Verb::name, block_of(laid), axes, groups, fold_of<K>(),
-                                        message(" of ", count, " leaves"));
-  const xt::xarray<T>& reduced = sum->first;
-  const xt::xarray<float>& divisor = sum->second;
-  auto leaf_result = [&]<std::size_t I>() {
-    using L = std::remove_cvref_t<std::tuple_element_t<I, parts>>;
-    auto part = xt::xarray<T>::from_shape(blocks[I].shape);
-    std::copy_n(reduced.data() + offsets[I], part.size(), part.data());
-    return reduced_value<K, Grouped, L, Names...>(std::move(part), xt::xarray<float>(divisor), 1.0f);
-  };
+  auto reduced = reduce(std::span<const named_axis>(axes), leaf_blocks<T>(x, storage));
+  if (!reduced) return out;
   out.emplace([&]<std::size_t... I>(std::index_sequence<I...>) {
-    return make_like<X>(leaf_result.template operator()<I>()...);
+    return make_like<X>(reduced_value<K, Grouped, std::remove_cvref_t<std::tuple_element_t<I, parts>>, Names...>(
+        std::move(reduced->first[I]), std::move(reduced->second[I]), 1.0f)...);
   }(std::make_index_sequence<count>{}));
   return out;
+}
+
+/// A node reduced over process axes alone: one agreement and one MPI_Allreduce for all its
+/// leaves, on their payloads laid end to end.
+template <class Verb, reduction K, bool Grouped, class X, class... Names>
+auto fused_across_processes(const X& x, const std::optional<groups_t>& groups) {
+  auto applies = [](std::span<const named_axis> axes) { return placed_on_processes(axes); };
+  return fused_reduction<Verb, K, Grouped, X, Names...>(x, groups, applies, [&]<class T, std::size_t N>(
+      std::span<const named_axis> axes, std::array<strided_block<T>, N> blocks) {
+    std::optional<std::pair<std::array<xt::xarray<T>, N>, std::array<xt::xarray<float>, N>>> out;
+    std::array<std::size_t, N + 1> offsets{};
+    for (std::size_t k = 0; k < N; ++k) offsets[k + 1] = offsets[k] + element_count(blocks[k].shape);
+    auto laid = xt::xarray<T>::from_shape({offsets[N]});
+    for (std::size_t k = 0; k < N; ++k) copy_strided(blocks[k], laid.data() + offsets[k]);
+    auto sum = reduce_across_processes<T>(Verb::name, block_of(laid), axes, groups, fold_of<K>(),
+                                          message(" of ", N, " leaves"));
+    auto& [parts, divisors] = out.emplace();
+    for (std::size_t k = 0; k < N; ++k) {
+      parts[k] = xt::xarray<T>::from_shape(blocks[k].shape);
+      std::copy_n(sum->first.data() + offsets[k], parts[k].size(), parts[k].data());
+      divisors[k] = sum->second;
+    }
+    return out;
+  });
+}
+
+/// A node reduced over device threads alone: one exchange for all its leaves.
+template <class Verb, reduction K, bool Grouped, class X, class... Names>
+auto fused_among_threads(const X& x, const std::optional<groups_t>& groups) {
+  auto applies = [&](std::span<const named_axis> axes) { return !groups && thread_axes(axes); };
+  return fused_reduction<Verb, K, Grouped, X, Names...>(x, groups, applies, [&]<class T, std::size_t N>(
+      std::span<const named_axis> axes, std::array<strided_block<T>, N> blocks) {
+    std::optional<std::pair<std::array<shared_array<T>, N>, std::array<xt::xarray<float>, N>>> out;
+    auto done = reduce_leaves_among_threads<T, N>(Verb::name, blocks, axes, groups, reduction_op<K>());
+    if (!done) return out;
+    out.emplace([&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::pair{std::array{shared_array<T>(std::move(done->first[I]))...},
+                       std::array{members_divisor(blocks[I].shape.size(), done->second, K == reduction::mean)...}};
+    }(std::make_index_sequence<N>{}));
+    return out;
+  });
 }
 
 /// What a braced list naming fields of other collectives' options binds to
@@ -290,8 +328,10 @@ struct all_reduce_verb {
  private:
   template <bool Grouped, class X, std::size_t P, class... Names>
   static auto reduce_tree(const X& x, const axis_list<P, Names...>& list, const std::optional<groups_t>& groups) {
-    if constexpr (P == 0 && fusable_leaves<K, X, Names...>())
+    if constexpr (P == 0 && fusable_leaves<K, X, Names...>()) {
       if (auto fused = fused_across_processes<Verb, K, Grouped, X, Names...>(x, groups)) return std::move(*fused);
+      if (auto fused = fused_among_threads<Verb, K, Grouped, X, Names...>(x, groups)) return std::move(*fused);
+    }
     return tree_map(x, [&](const auto& leaf) { return all_reduce_leaf<Verb, K, Grouped>(leaf, list, groups); });
   }
 };

@@ -2,15 +2,19 @@
 // The paths among device threads for results that every device gets the same: when every
 // axis of a reduction or an all_gather is placed on device threads and the operand varies
 // along all of them, the devices build ONE output together and each returns a reference to
-// it (values are never written once made). A reduction folds 1/N of every member per device;
-// an all_gather copies each member once, by its own device. A small reduction is one shot
-// instead: one barrier, then each device folds the members itself. Each returns nothing
-// when its case does not apply; the rule (reduction.hpp, all_gather.hpp) then runs.
+// it (values are never written once made). A large reduction folds 1/N of every member per
+// device; a smaller one is folded whole by each device, after one barrier when it fits in
+// the communicator. The leaves of a pytree are reduced in one exchange. An all_gather copies
+// each member once, by its own device. Each returns nothing when its case does not apply;
+// the rule (reduction.hpp, all_gather.hpp) then runs.
 #pragma once
 
 #include <namedax/detail/all_gather.hpp>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
+#include <memory>
 #include <optional>
 
 namespace namedax::detail {
@@ -83,42 +87,100 @@ void fold_range(std::size_t n, Member member, std::size_t lo, std::size_t length
   fold_members<T>(std::span<const T* const>(sources.data(), n), extent, unit, out + lo, unit, op);
 }
 
-/// psum, pmean, pmax, pmin, with the members folded in rank order (the rule's order, so the
-/// bits are the same). A payload of at most inline_payload_bytes is copied into the
-/// communicator, and each device folds every member into an output of its own: one barrier,
-/// and none of the rule's bookkeeping. From chunked_reduction_bytes, device r folds chunk r
-/// of the members into the one shared output; after the second barrier it is whole. Returns
-/// the result and, with `count_members`, pmean's divisor (else an empty array).
+/// pmean's divisor for a result of `rank` dims: n members (with `count_members`; else empty).
+inline xt::xarray<float> members_divisor(std::size_t rank, std::size_t n, bool count_members) {
+  xt::xarray<float> d = empty_array<float>();
+  if (count_members) d = uninitialized_array<float>(dims_t(rank, 1)), d.fill(static_cast<float>(n));
+  return d;
+}
+
+/// psum, pmean, pmax, pmin of the leaves of a pytree, all of element type T, in one exchange
+/// instead of one per leaf. Laid end to end, they are copied into the communicator when they
+/// fit there together (one barrier), else lent. From chunked_reduction_bytes in all, device r
+/// folds chunk r of the leaves laid end to end into outputs that every device shares; below,
+/// each device folds every member into outputs of its own. Members are folded in rank order,
+/// as for one leaf, so the bits are the same. Returns the leaves' results and the member count.
+template <class T, std::size_t K, class Op>
+std::optional<std::pair<std::array<std::shared_ptr<xt::xarray<T>>, K>, std::size_t>> reduce_leaves_among_threads(
+    std::string_view verb, const std::array<strided_block<T>, K>& leaves, std::span<const named_axis> axes,
+    const std::optional<groups_t>& groups, Op op) {
+  std::array<std::size_t, K + 1> offset{};
+  for (std::size_t k = 0; k < K; ++k) {
+    if (leaves[k].strides != row_major_strides(leaves[k].shape)) return std::nullopt;
+    offset[k + 1] = offset[k] + element_count(leaves[k].shape);
+  }
+  const std::size_t total = offset[K], bytes = total * sizeof(T);
+  if (groups || bytes == 0) return std::nullopt;
+  const auto names = thread_axes(axes);
+  if (!names) return std::nullopt;
+  // Devices must agree on every leaf's shape, not only on the total.
+  thread_local std::string shapes;
+  shapes.clear();
+  if constexpr (K > 1) {
+    write_part(shapes, " of "), write_part(shapes, K), shapes += " leaves of shapes";
+    for (std::size_t k = 0; k < K; ++k) shapes += k ? ", " : " ", write_part(shapes, leaves[k].shape);
+  }
+  const std::size_t laid_shape[] = {total};
+  const collective_call call = call_of<T>(verb, axes, shapes, std::nullopt,
+                                          K == 1 ? std::span<const std::size_t>(leaves[0].shape) : laid_shape);
+
+  std::array<std::shared_ptr<xt::xarray<T>>, K> out;
+  auto own_outputs = [&] {
+    for (std::size_t k = 0; k < K; ++k) out[k] = shared_storage(uninitialized_array<T>(leaves[k].shape));
+  };
+  auto fold_leaf = [&](std::size_t k, std::size_t n, auto member, std::size_t lo, std::size_t end) {
+    constexpr std::size_t piece = std::size_t{1} << 16;  // pieces that stay in cache
+    for (; lo < end; lo += piece) fold_range(n, member, lo, std::min(piece, end - lo), out[k]->data(), op);
+  };
+  if (bytes <= inline_payload_bytes) {
+    alignas(64) std::byte laid[K == 1 ? 1 : inline_payload_bytes];
+    if constexpr (K > 1)
+      for (std::size_t k = 0; k < K; ++k)
+        std::memcpy(laid + offset[k] * sizeof(T), leaves[k].data, (offset[k + 1] - offset[k]) * sizeof(T));
+    pointer_exchange exchange(join(*names), K == 1 ? static_cast<const void*>(leaves[0].data) : laid, call, bytes);
+    const std::size_t n = exchange.size();
+    own_outputs();
+    for (std::size_t k = 0; k < K; ++k)
+      fold_leaf(k, n, [&](std::size_t m) { return static_cast<const T*>(exchange.slot(m)) + offset[k]; }, 0,
+                offset[k + 1] - offset[k]);
+    exchange.release();
+    return std::pair{std::move(out), n};
+  }
+  struct offered {
+    std::array<const T*, K> in;
+    const std::array<std::shared_ptr<xt::xarray<T>>, K>* out;
+  };
+  offered mine{{}, &out};
+  for (std::size_t k = 0; k < K; ++k) mine.in[k] = leaves[k].data;
+  const bool chunked = bytes >= chunked_reduction_bytes;
+  membership m = join(*names);
+  if (!chunked || m.rank == 0) own_outputs();
+  pointer_exchange exchange(std::move(m), &mine, call);
+  const std::size_t n = exchange.size(), r = exchange.rank();
+  auto offer = [&](std::size_t member) -> const offered& { return *static_cast<const offered*>(exchange.slot(member)); };
+  if (chunked && r != 0) out = *offer(0).out;
+  for (std::size_t k = 0; k < K; ++k) {
+    auto member = [&](std::size_t m) { return offer(m).in[k]; };
+    if (!chunked) {
+      fold_leaf(k, n, member, 0, offset[k + 1] - offset[k]);
+      continue;
+    }
+    // The part of chunk r that lies in leaf k, in the leaf's own indices.
+    const std::size_t lo = std::max(offset[k], r * total / n), end = std::min(offset[k + 1], (r + 1) * total / n);
+    if (lo < end) fold_leaf(k, n, member, lo - offset[k], end - offset[k]);
+  }
+  exchange.release();
+  return std::pair{std::move(out), n};
+}
+
+/// The same for one leaf, with pmean's divisor (`count_members`; else an empty array).
 template <class T, class Op>
 std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_threads(
     std::string_view verb, const strided_block<T>& in, std::span<const named_axis> axes,
     const std::optional<groups_t>& groups, bool count_members, Op op) {
-  const std::size_t count = element_count(in.shape), bytes = count * sizeof(T);
-  const bool one_shot = bytes > 0 && bytes <= inline_payload_bytes;
-  if (groups || (!one_shot && bytes < chunked_reduction_bytes) || in.strides != row_major_strides(in.shape))
-    return std::nullopt;
-  const auto names = thread_axes(axes);
-  if (!names) return std::nullopt;
-  auto divisor = [&](std::size_t n) {
-    xt::xarray<float> d = empty_array<float>();
-    if (count_members) d = uninitialized_array<float>(dims_t(in.shape.size(), 1)), d.fill(static_cast<float>(n));
-    return d;
-  };
-  if (one_shot) {
-    pointer_exchange exchange(join(*names), in.data, call_of<T>(verb, axes, "", std::nullopt, in.shape), bytes);
-    const std::size_t n = exchange.size();
-    auto out = uninitialized_array<T>(in.shape);
-    fold_range(n, [&](std::size_t m) { return static_cast<const T*>(exchange.slot(m)); }, 0, count, out.data(), op);
-    exchange.release();
-    return std::pair{share_array(std::move(out)), divisor(n)};
-  }
-  shared_output_exchange<T> exchange(*names, in.data, call_of<T>(verb, axes, "", std::nullopt, in.shape), in.shape);
-  const std::size_t n = exchange.size(), r = exchange.rank();
-  // Chunk r, folded by the rule's own loop, in pieces that stay in cache.
-  constexpr std::size_t piece = std::size_t{1} << 16;
-  for (std::size_t lo = r * count / n, end = (r + 1) * count / n; lo < end; lo += piece)
-    fold_range(n, [&](std::size_t m) { return exchange.input(m); }, lo, std::min(piece, end - lo), exchange.output(), op);
-  return std::pair{exchange.finish(), divisor(n)};
+  auto done = reduce_leaves_among_threads<T, 1>(verb, std::array{in}, axes, groups, op);
+  if (!done) return std::nullopt;
+  return std::pair{shared_array<T>(std::move(done->first[0])), members_divisor(in.shape.size(), done->second, count_members)};
 }
 
 /// all_gather without groups: each device copies its own member into its place in the one
