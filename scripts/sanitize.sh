@@ -10,8 +10,18 @@ bash scripts/setup.sh
 # Without the MPI backend: its tests run under mpirun, not under these runtimes.
 common=(-DCMAKE_BUILD_TYPE=None -DNAMEDAX_BUILD_BENCHMARKS=OFF -DNAMEDAX_INSTALL=OFF -DNAMEDAX_MPI=OFF)
 
-# AddressSanitizer (with leak detection) and UndefinedBehaviorSanitizer, every runtime test and example.
-cmake -S . -B build/asan "${common[@]}" -DNAMEDAX_SANITIZED_TESTS=ON \
+# AddressSanitizer (with leak detection) and UndefinedBehaviorSanitizer, every runtime test and
+# example, compiled by clang++ where it can link a sanitized program (so the whole suite is
+# also built and run with the second compiler; g++ builds it everywhere else), else by g++.
+asan_compiler=g++
+mkdir -p build
+if command -v clang++ >/dev/null &&
+   echo 'int main() { return 0; }' | clang++ -x c++ -fsanitize=address,undefined - -o build/asan_probe 2>/dev/null; then
+  asan_compiler=clang++
+fi
+rm -f build/asan_probe
+echo "AddressSanitizer + UndefinedBehaviorSanitizer build with $asan_compiler"
+cmake -S . -B build/asan "${common[@]}" -DNAMEDAX_SANITIZED_TESTS=ON -DCMAKE_CXX_COMPILER="$asan_compiler" \
   -DCMAKE_CXX_FLAGS="-O0 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" >/dev/null
 cmake --build build/asan -j2
 (cd build/asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

@@ -24,6 +24,18 @@ bool bitwise_equal(const A& a, const B& b) {
   return std::memcmp(x.data(), y.data(), x.size() * sizeof(typename A::value_type)) == 0;
 }
 
+/// bitwise_equal leaf by leaf, for tuples and pairs of arrays (nested too).
+template <class A, class B>
+bool tree_bitwise_equal(const A& a, const B& b) {
+  if constexpr (requires { std::tuple_size<A>::value; }) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return (tree_bitwise_equal(std::get<I>(a), std::get<I>(b)) && ...);
+    }(std::make_index_sequence<std::tuple_size_v<A>>{});
+  } else {
+    return bitwise_equal(a, b);
+  }
+}
+
 template <class A>
 std::string show(const A& a) {
   std::ostringstream out;
@@ -48,7 +60,25 @@ std::string error_of(F f) {
   return "no error";
 }
 
-#define CHECK_BITWISE(a, b) CHECK_MESSAGE(::namedax_test::bitwise_equal(a, b), ::namedax_test::show(a), " vs ", ::namedax_test::show(b))
+/// The outcome of comparing two arrays bitwise: true, or false with both arrays shown, which
+/// doctest prints as the check's value when it fails.
+struct bitwise_comparison {
+  bool equal;
+  std::string shown;  // "a vs b", only when not equal
+  explicit operator bool() const { return equal; }
+  friend std::ostream& operator<<(std::ostream& out, const bitwise_comparison& c) { return out << c.shown; }
+};
+
+template <class A, class B>
+bitwise_comparison compare_bitwise(const A& a, const B& b) {
+  if (bitwise_equal(a, b)) return {true, {}};
+  return {false, show(a) + " vs " + show(b)};
+}
+
+// A plain CHECK, not CHECK_MESSAGE: doctest builds a message in a lambda, and clang before 16
+// cannot capture structured bindings in one, so `auto [v, p] = ...; CHECK_BITWISE(v, p);` would
+// not compile. Each argument is evaluated once.
+#define CHECK_BITWISE(a, b) CHECK(::namedax_test::compare_bitwise(a, b))
 
 /// A random array of `shape` with values that make floating-point sums order-sensitive.
 template <class T>
