@@ -291,6 +291,35 @@ TEST_SUITE("results shared among device threads") {
   }
 }
 
+TEST_SUITE("pytrees among device threads") {
+  TEST_CASE("ppermute and pshuffle of a pytree hand every leaf over in one exchange") {
+    xt::xarray<float> x = xt::arange<float>(8).reshape({4, 2});
+    xt::xarray<std::int32_t> y = xt::arange<std::int32_t>(12).reshape({4, 3});
+    static const std::vector<std::pair<int, int>> partial{{0, 1}, {1, 2}, {2, 3}};
+    auto f = [](auto a, auto b) {
+      const auto ea = namedax::eval(a);
+      const auto eb = namedax::eval(b);
+      return std::tuple{namedax::ppermute(std::pair{ea, eb}, "i"_ax, partial),
+                        namedax::pshuffle(std::tuple{eb, ea, ea}, "i"_ax, {3, 2, 1, 0})};
+    };
+    auto leaf_by_leaf = [](auto a, auto b) {
+      const auto ea = namedax::eval(a);
+      const auto eb = namedax::eval(b);
+      return std::tuple{std::pair{namedax::ppermute(ea, "i"_ax, partial), namedax::ppermute(eb, "i"_ax, partial)},
+                        std::tuple{namedax::pshuffle(eb, "i"_ax, {3, 2, 1, 0}), namedax::pshuffle(ea, "i"_ax, {3, 2, 1, 0}),
+                                   namedax::pshuffle(ea, "i"_ax, {3, 2, 1, 0})}};
+    };
+    namedax::start_tracing();
+    const auto devices = namedax::pmap<"i">(f)(x, y);
+    const auto events = namedax::stop_tracing();
+    REQUIRE(events.size() == 4 * 2);  // one exchange per call and device, not one per leaf
+    CHECK(events.front().parameters == " with pairs ((0, 1), (1, 2), (2, 3)) of 2 leaves: (2,) float32, (3,) int32");
+    CHECK(namedax_test::tree_bitwise_equal(devices, namedax::pmap<"i">(leaf_by_leaf)(x, y)));
+    CHECK(namedax_test::tree_bitwise_equal(devices, namedax::vmap<"i">(f)(x, y)));
+    CHECK_BITWISE(std::get<1>(std::get<0>(devices)), (xt::xarray<std::int32_t>{{0, 0, 0}, {0, 1, 2}, {3, 4, 5}, {6, 7, 8}}));
+  }
+}
+
 TEST_SUITE("argmax") {
   TEST_CASE("pargmax and pargmin: ties go to the lowest index") {
     xt::xarray<float> x{{1.f, 9.f}, {7.f, 2.f}, {7.f, 9.f}, {0.f, 2.f}};

@@ -92,8 +92,8 @@ TEST_SUITE("memory") {
     // Outputs come back to the pool when dropped, and result objects, control blocks, texts
     // and scratch are recycled: after the first calls (which size the buffers and fill the
     // free lists of the threads that make results and of those that drop them), a call of
-    // psum (of one leaf and of two), pmean, pmax, all_gather, psum_scatter, all_to_all or
-    // ppermute on a device thread performs no heap allocation at all, for a 4-byte and for a
+    // psum and ppermute (of one leaf and of two), pmean, pmax, all_gather, psum_scatter or
+    // all_to_all on a device thread performs no heap allocation at all, for a 4-byte and for a
     // 4 MiB payload.
     static const std::vector<std::pair<int, int>> ring{{0, 1}, {1, 2}, {2, 3}, {3, 0}};
     constexpr std::size_t devices = 4;
@@ -110,6 +110,7 @@ TEST_SUITE("memory") {
           (void)namedax::all_gather(mine, "i"_ax);
           (void)namedax::all_gather(mine, "i"_ax, {.tiled = true});
           (void)namedax::ppermute(mine, "i"_ax, ring);
+          (void)namedax::ppermute(std::pair{mine, mine}, "i"_ax, ring);  // two leaves, one exchange
           if (n % devices == 0) {
             (void)namedax::psum_scatter(mine, "i"_ax, {.tiled = true});
             (void)namedax::all_to_all(mine, "i"_ax, 0, 0, {.tiled = true});

@@ -626,11 +626,61 @@ auto permute_leaf(const X& x, type_list<Names...> names, PairsOf pairs_of) {
       require_bound<Verb, Env, Names...>();
       const auto axes = describe_named_axes<X, Names...>(Verb::name);
       if (const auto threads = thread_axes(axes))
-        return make_named<shared_array<T>, Env, X::varying | Env::template mask_of<Names...>()>(
-            permute_by_reference(Verb::name, x.payload(), axes, *threads, pairs_of(std::span<const named_axis>(axes))));
+        return make_named<shared_array<T>, Env, X::varying | Env::template mask_of<Names...>()>(std::get<0>(
+            permute_by_reference<T>(Verb::name, std::tuple{&x.payload()}, axes, *threads, pairs_of(std::span<const named_axis>(axes)))));
     }
   }
   return collective_leaf<Verb, false, false>(x, names, moved);
+}
+
+/// Whether every leaf of node X is an array in memory that varies along every name: then the
+/// leaves can be moved among device threads in one exchange.
+template <class X, class... Names>
+constexpr bool node_movable_by_reference(type_list<Names...>) {
+  if constexpr (is_node<X>) {
+    using parts = decltype(children(std::declval<const X&>()));
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      auto movable = []<class L>(std::type_identity<L>) {
+        if constexpr (NamedValue<L>) {
+          constexpr axis_mask names = L::env_type::template mask_of<Names...>();
+          return std::is_same_v<std::remove_cvref_t<decltype(std::declval<const L&>().payload())>,
+                                shared_array<typename L::value_type>> &&
+                 (L::varying & names) == names;
+        } else {
+          return false;
+        }
+      };
+      return (movable(std::type_identity<std::remove_cvref_t<std::tuple_element_t<I, parts>>>{}) && ...);
+    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+  } else {
+    return false;
+  }
+}
+
+/// ppermute and pshuffle of a node movable by reference, over device-thread axes alone: one
+/// exchange for all the leaves. Nothing otherwise: the leaves then go one by one.
+template <class Verb, class X, class... Names, class PairsOf>
+auto permute_node(const X& x, type_list<Names...>, PairsOf pairs_of) {
+  using parts = decltype(children(x));
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    // Leaf I's result: the array received, typed as permute_leaf types it.
+    auto typed = []<class L>(std::type_identity<L>, shared_array<typename L::value_type> array) {
+      using Env = typename L::env_type;
+      return make_named<shared_array<typename L::value_type>, Env, L::varying | Env::template mask_of<Names...>()>(
+          std::move(array));
+    };
+    using leaf = std::tuple<std::type_identity<std::remove_cvref_t<std::tuple_element_t<I, parts>>>...>;
+    std::optional<decltype(make_like<X>(typed(std::tuple_element_t<I, leaf>{}, std::declval<shared_array<
+        typename std::tuple_element_t<I, leaf>::type::value_type>>())...))> out;
+    using first = typename std::tuple_element_t<0, leaf>::type;
+    const auto axes = describe_named_axes<first, Names...>(Verb::name);
+    const auto threads = thread_axes(axes);
+    if (!threads) return out;
+    auto moved = permute_by_reference(Verb::name, std::tuple{&std::get<I>(children(x)).payload()...}, axes, *threads,
+                                      pairs_of(std::span<const named_axis>(axes)));
+    out.emplace(make_like<X>(typed(std::tuple_element_t<I, leaf>{}, std::move(std::get<I>(moved)))...));
+    return out;
+  }(std::make_index_sequence<std::tuple_size_v<parts>>{});
 }
 }  // namespace detail
 
@@ -654,6 +704,9 @@ struct ppermute_fn {
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes, const std::vector<std::pair<int, int>>& perm) const {
     auto names = detail::names_only(detail::to_axis_list(axes));
+    if constexpr (detail::node_movable_by_reference<X>(decltype(names){}))
+      if (auto moved = detail::permute_node<ppermute_fn>(x, names, [&perm](auto) -> const auto& { return perm; }))
+        return std::move(*moved);
     return detail::tree_map(x, [&](const auto& leaf) {
       // A deferred value keeps its own copy of the pairs until it is resolved.
       if constexpr (DeferredValue<std::remove_cvref_t<decltype(leaf)>>)
@@ -671,9 +724,10 @@ struct pshuffle_fn {
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes, const std::vector<int>& perm) const {
     auto names = detail::names_only(detail::to_axis_list(axes));
-    return detail::tree_map(x, [&](const auto& leaf) {
-      return detail::permute_leaf<pshuffle_fn>(leaf, names, [perm](auto ax) { return detail::shuffle_pairs(name, ax, perm); });
-    });
+    auto pairs_of = [perm](auto ax) { return detail::shuffle_pairs(name, ax, perm); };
+    if constexpr (detail::node_movable_by_reference<X>(decltype(names){}))
+      if (auto moved = detail::permute_node<pshuffle_fn>(x, names, pairs_of)) return std::move(*moved);
+    return detail::tree_map(x, [&](const auto& leaf) { return detail::permute_leaf<pshuffle_fn>(leaf, names, pairs_of); });
   }
 };
 inline constexpr pshuffle_fn pshuffle{};

@@ -5,6 +5,9 @@
 
 #include <namedax/detail/all_gather.hpp>
 
+#include <array>
+#include <string>
+#include <tuple>
 #include <utility>
 
 namespace namedax::detail {
@@ -84,27 +87,48 @@ xt::xarray<T> ppermute_rule(std::string_view verb, strided_block<T> in, std::siz
   return out;
 }
 
-/// ppermute among device threads of a whole array: the receiver gets the sender's array
-/// itself. Values are never written once made, so a move between threads is a move of a
+/// ppermute among device threads of whole arrays: the receiver gets the sender's arrays
+/// themselves. Values are never written once made, so a move between threads is a move of a
 /// reference, as a move between variables would be; indices that receive nothing get zeros.
-/// `names` are `axes`' names, all device-thread axes along which `mine` varies (thread_axes).
-template <class T>
-shared_array<T> permute_by_reference(std::string_view verb, const shared_array<T>& mine,
-                                     std::span<const named_axis> axes, std::span<const std::string_view> names,
-                                     const permutation_t& perm) {
+/// `names` are `axes`' names, all device-thread axes along which every array varies
+/// (thread_axes). The leaves of a pytree go in one exchange, whose signature lists them.
+template <class... T>
+std::tuple<shared_array<T>...> permute_by_reference(std::string_view verb, const std::tuple<const shared_array<T>*...>& mine,
+                                                    std::span<const named_axis> axes,
+                                                    std::span<const std::string_view> names, const permutation_t& perm) {
+  constexpr std::size_t count = sizeof...(T);
   const auto from = senders(verb, axes, perm, member_count(axes));
-  const dims_t shape(mine.shape().begin(), mine.shape().end());
-  pointer_exchange exchange(join(names), &mine, call_of<T>(verb, axes, pairs_options(perm), std::nullopt, shape));
-  const long source = from[exchange.rank()];
-  if (source < 0) {
-    exchange.release();
-    auto zeros = uninitialized_array<T>(shape);
-    std::fill(zeros.data(), zeros.data() + zeros.size(), T{});
-    return share_array<T>(std::move(zeros));
+  const auto& first = *std::get<0>(mine);
+  const dims_t shape(first.shape().begin(), first.shape().end());
+  std::string_view options = pairs_options(perm);
+  if constexpr (count > 1) {
+    thread_local std::string leaves;  // keeps its capacity
+    leaves.assign(options), write_part(leaves, " of "), write_part(leaves, count), leaves += " leaves:";
+    const char* separator = " ";
+    std::apply([&](const auto*... leaf) {
+      ((leaves += separator, write_part(leaves, dims_t(leaf->shape().begin(), leaf->shape().end())), leaves += ' ',
+        leaves += dtype_name<typename std::remove_cvref_t<decltype(*leaf)>::value_type>(), separator = ", "), ...);
+    }, mine);
+    options = leaves;
   }
-  shared_array<T> received = *static_cast<const shared_array<T>*>(exchange.slot(static_cast<std::size_t>(source)));
+  const auto offered = std::apply([](const auto*... leaf) { return std::array<const void*, count>{leaf...}; }, mine);
+  using first_type = std::tuple_element_t<0, std::tuple<T...>>;
+  pointer_exchange exchange(join(names), &offered, call_of<first_type>(verb, axes, options, std::nullopt, shape));
+  const long source = from[exchange.rank()];
+  auto received = [&]<class U>(const shared_array<U>* own, std::size_t k) {
+    if (source < 0) {
+      auto zeros = uninitialized_array<U>(own->shape());
+      std::fill(zeros.data(), zeros.data() + zeros.size(), U{});
+      return share_array<U>(std::move(zeros));
+    }
+    const auto& theirs = *static_cast<const std::array<const void*, count>*>(exchange.slot(static_cast<std::size_t>(source)));
+    return *static_cast<const shared_array<U>*>(theirs[k]);
+  };
+  auto out = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return std::tuple<shared_array<T>...>{received(std::get<I>(mine), I)...};
+  }(std::make_index_sequence<count>{});
   exchange.release();
-  return received;
+  return out;
 }
 
 }  // namespace namedax::detail
