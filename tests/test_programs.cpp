@@ -29,11 +29,17 @@ struct step {
   std::vector<int> perm;
 };
 
+/// Whether `tiled` makes the step's value go as a pytree: the value and twice the value, as
+/// one pair. Twice a float's sum, mean, maximum, minimum or move is exactly twice the
+/// result, so the pair gives the single value's bits; among device threads the two leaves go
+/// through one exchange.
+constexpr bool as_pair(op kind) { return kind <= op::pmin || kind == op::ppermute || kind == op::pshuffle; }
+
 std::string describe(const std::vector<step>& program) {
   std::string text;
   for (const step& s : program) {
     text += namedax::detail::message(op_names[static_cast<int>(s.kind)], " over ", axes_names[s.axes], " a=", s.a, " b=", s.b,
-                                     s.tiled ? " tiled" : "");
+                                     s.tiled ? (as_pair(s.kind) ? " as a pair" : " tiled") : "");
     if (s.groups) text += namedax::detail::message(" groups=", *s.groups);
     if (!s.pairs.empty()) text += namedax::detail::message(" pairs=", s.pairs);
     if (!s.perm.empty()) text += namedax::detail::message(" perm=", s.perm);
@@ -161,6 +167,18 @@ V run_step(const step& s, const V& v) {
       if (s.groups) options.axis_index_groups = *s.groups;
       return options;
     };
+    if (s.tiled && as_pair(s.kind)) {
+      const auto pair = std::pair{v, namedax::eval(v * 2.0f)};
+      auto halved = [](const auto& result) { return normalize((result.first + result.second * 0.5f) * 0.5f); };
+      switch (s.kind) {
+        case op::psum: return halved(namedax::psum(pair, ax, grouped(namedax::reduce_options{})));
+        case op::pmean: return halved(namedax::pmean(pair, ax, grouped(namedax::reduce_options{})));
+        case op::pmax: return halved(namedax::pmax(pair, ax, grouped(namedax::reduce_options{})));
+        case op::pmin: return halved(namedax::pmin(pair, ax, grouped(namedax::reduce_options{})));
+        case op::ppermute: return halved(namedax::ppermute(pair, ax, s.pairs));
+        default: return halved(namedax::pshuffle(pair, ax, s.perm));
+      }
+    }
     switch (s.kind) {
       case op::psum: return normalize(namedax::psum(v, ax, grouped(namedax::reduce_options{})));
       case op::pmean: return normalize(namedax::pmean(v, ax, grouped(namedax::reduce_options{})));
