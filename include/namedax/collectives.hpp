@@ -172,28 +172,46 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
   }
 }
 
-/// Whether the leaves of node X can share one MPI_Allreduce: named values of one element
-/// type that vary along every reduced name (so that each is a process's whole payload).
+/// Whether `holds(std::type_identity<L>{})` for every child type L of node X; false for a
+/// leaf. The predicate is instantiated for every child, so it must accept any type.
+template <class X, class Holds>
+constexpr bool every_child(Holds holds) {
+  if constexpr (!is_node<X>) {
+    return false;
+  } else {
+    using parts = decltype(children(std::declval<const X&>()));
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return (holds(std::type_identity<std::remove_cvref_t<std::tuple_element_t<I, parts>>>{}) && ...);
+    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+  }
+}
+
+/// Whether leaf type L is a named value that varies along every one of `Names`.
+template <class L, class... Names>
+constexpr bool varies_along_all() {
+  if constexpr (NamedValue<L>) {
+    constexpr axis_mask names = L::env_type::template mask_of<Names...>();
+    return (L::varying & names) == names;
+  } else {
+    return false;
+  }
+}
+
+/// Whether the leaves of node X can share one exchange or MPI_Allreduce: named values of one
+/// accumulated element type that vary along every reduced name (so that each is a member's
+/// whole payload).
 template <reduction K, class X, class... Names>
 constexpr bool fusable_leaves() {
   if constexpr (!is_node<X>) {
     return false;
   } else {
-    using parts = decltype(children(std::declval<const X&>()));
-    return []<std::size_t... I>(std::index_sequence<I...>) {
-      constexpr bool named = (NamedValue<std::remove_cvref_t<std::tuple_element_t<I, parts>>> && ...);
-      if constexpr (!named) {
+    using first = std::remove_cvref_t<std::tuple_element_t<0, decltype(children(std::declval<const X&>()))>>;
+    return every_child<X>([]<class L>(std::type_identity<L>) {
+      if constexpr (varies_along_all<L, Names...>() && NamedValue<first>)
+        return std::is_same_v<accumulate_t<K, typename L::value_type>, accumulate_t<K, typename first::value_type>>;
+      else
         return false;
-      } else {
-        using first = std::remove_cvref_t<std::tuple_element_t<0, parts>>;
-        auto fits = []<class L>(std::type_identity<L>) {
-          constexpr axis_mask names = L::env_type::template mask_of<Names...>();
-          return std::is_same_v<accumulate_t<K, typename L::value_type>, accumulate_t<K, typename first::value_type>> &&
-                 (L::varying & names) == names;
-        };
-        return (fits(std::type_identity<std::remove_cvref_t<std::tuple_element_t<I, parts>>>{}) && ...);
-      }
-    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+    });
   }
 }
 
@@ -261,11 +279,15 @@ auto fused_across_processes(const X& x, const std::optional<groups_t>& groups) {
 /// A node reduced over device threads alone: one exchange for all its leaves.
 template <class Verb, reduction K, bool Grouped, class X, class... Names>
 auto fused_among_threads(const X& x, const std::optional<groups_t>& groups) {
-  auto applies = [&](std::span<const named_axis> axes) { return !groups && thread_axes(axes); };
+  std::optional<xt::svector<std::string_view, 8>> names;  // the device-thread axes, once they apply
+  auto applies = [&](std::span<const named_axis> axes) {
+    if (!groups) names = thread_axes(axes);
+    return names.has_value();
+  };
   return fused_reduction<Verb, K, Grouped, X, Names...>(x, groups, applies, [&]<class T, std::size_t N>(
       std::span<const named_axis> axes, std::array<strided_block<T>, N> blocks) {
     std::optional<std::pair<std::array<shared_array<T>, N>, std::array<xt::xarray<float>, N>>> out;
-    auto done = reduce_leaves_among_threads<T, N>(Verb::name, blocks, axes, groups, reduction_op<K>());
+    auto done = reduce_leaves_among_threads<T, N>(Verb::name, blocks, axes, *names, reduction_op<K>());
     if (!done) return out;
     out.emplace([&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::pair{std::array{shared_array<T>(std::move(done->first[I]))...},
@@ -637,24 +659,13 @@ auto permute_leaf(const X& x, type_list<Names...> names, PairsOf pairs_of) {
 /// leaves can be moved among device threads in one exchange.
 template <class X, class... Names>
 constexpr bool node_movable_by_reference(type_list<Names...>) {
-  if constexpr (is_node<X>) {
-    using parts = decltype(children(std::declval<const X&>()));
-    return []<std::size_t... I>(std::index_sequence<I...>) {
-      auto movable = []<class L>(std::type_identity<L>) {
-        if constexpr (NamedValue<L>) {
-          constexpr axis_mask names = L::env_type::template mask_of<Names...>();
-          return std::is_same_v<std::remove_cvref_t<decltype(std::declval<const L&>().payload())>,
-                                shared_array<typename L::value_type>> &&
-                 (L::varying & names) == names;
-        } else {
-          return false;
-        }
-      };
-      return (movable(std::type_identity<std::remove_cvref_t<std::tuple_element_t<I, parts>>>{}) && ...);
-    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
-  } else {
-    return false;
-  }
+  return every_child<X>([]<class L>(std::type_identity<L>) {
+    if constexpr (varies_along_all<L, Names...>())
+      return std::is_same_v<std::remove_cvref_t<decltype(std::declval<const L&>().payload())>,
+                            shared_array<typename L::value_type>>;
+    else
+      return false;
+  });
 }
 
 /// ppermute and pshuffle of a node movable by reference, over device-thread axes alone: one

@@ -36,42 +36,43 @@ inline std::optional<xt::svector<std::string_view, 8>> thread_axes(std::span<con
 }
 
 /// An exchange among the device threads spanned by `names` in which each member offers its
-/// input and rank 0 also the output, of `shape`, that all of them then share. The output is
-/// given back to the pool when its last reference goes.
-template <class T>
-class shared_output_exchange {
+/// inputs, one per leaf, and gets outputs of `shapes`: with `shared`, rank 0's, which all of
+/// them then share; else outputs of its own. An output is given back to the pool when its
+/// last reference goes.
+template <class T, std::size_t K = 1>
+class output_exchange {
  public:
-  shared_output_exchange(std::span<const std::string_view> names, const T* in, collective_call call,
-                         std::span<const std::size_t> shape)
+  output_exchange(std::span<const std::string_view> names, const std::array<const T*, K>& in, collective_call call,
+                  const std::array<std::span<const std::size_t>, K>& shapes, bool shared = true)
       : mine_{in, &out_} {
     membership m = join(names);
-    if (m.rank == 0)
-      out_ = shared_storage(uninitialized_array<T>(shape));
+    if (!shared || m.rank == 0)
+      for (std::size_t k = 0; k < K; ++k) out_[k] = shared_storage(uninitialized_array<T>(shapes[k]));
     exchange_.emplace(std::move(m), &mine_, std::move(call));
-    if (exchange_->rank() != 0) out_ = *offer(0).out;
+    if (shared && exchange_->rank() != 0) out_ = *offer(0).out;
   }
-  shared_output_exchange(const shared_output_exchange&) = delete;  // the others hold pointers into it
-  shared_output_exchange& operator=(const shared_output_exchange&) = delete;
+  output_exchange(const output_exchange&) = delete;  // the others hold pointers into it
+  output_exchange& operator=(const output_exchange&) = delete;
   [[nodiscard]] std::size_t rank() const { return exchange_->rank(); }
   [[nodiscard]] std::size_t size() const { return exchange_->size(); }
-  [[nodiscard]] const T* input(std::size_t member) const { return offer(member).in; }
-  [[nodiscard]] T* output() const { return out_->data(); }
-  /// Waits until every member is done writing, and returns the output.
-  shared_array<T> finish() {
+  [[nodiscard]] const T* input(std::size_t member, std::size_t leaf = 0) const { return offer(member).in[leaf]; }
+  [[nodiscard]] T* output(std::size_t leaf = 0) const { return out_[leaf]->data(); }
+  /// Waits until every member is done reading and writing, and returns the outputs.
+  std::array<std::shared_ptr<xt::xarray<T>>, K> finish() {
     exchange_->release();
-    return shared_array<T>(std::move(out_));
+    return std::move(out_);
   }
 
  private:
   struct offered {
-    const T* in;
-    const std::shared_ptr<xt::xarray<T>>* out;
+    std::array<const T*, K> in;
+    const std::array<std::shared_ptr<xt::xarray<T>>, K>* out;
   };
   [[nodiscard]] const offered& offer(std::size_t member) const {
     return *static_cast<const offered*>(exchange_->slot(member));
   }
 
-  std::shared_ptr<xt::xarray<T>> out_;
+  std::array<std::shared_ptr<xt::xarray<T>>, K> out_;
   offered mine_;
   std::optional<pointer_exchange> exchange_;
 };
@@ -95,24 +96,24 @@ inline xt::xarray<float> members_divisor(std::size_t rank, std::size_t n, bool c
 }
 
 /// psum, pmean, pmax, pmin of the leaves of a pytree, all of element type T, in one exchange
-/// instead of one per leaf. Laid end to end, they are copied into the communicator when they
-/// fit there together (one barrier), else lent. From chunked_reduction_bytes in all, device r
+/// instead of one per leaf, among the device threads spanned by `names` (thread_axes of
+/// `axes`; no groups). Laid end to end, they are copied into the communicator when they fit
+/// there together (one barrier), else lent. From chunked_reduction_bytes in all, device r
 /// folds chunk r of the leaves laid end to end into outputs that every device shares; below,
 /// each device folds every member into outputs of its own. Members are folded in rank order,
-/// as for one leaf, so the bits are the same. Returns the leaves' results and the member count.
+/// as for one leaf, so the bits are the same. Returns the leaves' results and the member
+/// count; nothing when a leaf is not row-major or there is nothing to reduce.
 template <class T, std::size_t K, class Op>
 std::optional<std::pair<std::array<std::shared_ptr<xt::xarray<T>>, K>, std::size_t>> reduce_leaves_among_threads(
     std::string_view verb, const std::array<strided_block<T>, K>& leaves, std::span<const named_axis> axes,
-    const std::optional<groups_t>& groups, Op op) {
+    std::span<const std::string_view> names, Op op) {
   std::array<std::size_t, K + 1> offset{};
   for (std::size_t k = 0; k < K; ++k) {
     if (leaves[k].strides != row_major_strides(leaves[k].shape)) return std::nullopt;
     offset[k + 1] = offset[k] + element_count(leaves[k].shape);
   }
   const std::size_t total = offset[K], bytes = total * sizeof(T);
-  if (groups || bytes == 0) return std::nullopt;
-  const auto names = thread_axes(axes);
-  if (!names) return std::nullopt;
+  if (bytes == 0) return std::nullopt;
   // Devices must agree on every leaf's shape, not only on the total.
   thread_local std::string shapes;
   shapes.clear();
@@ -123,62 +124,57 @@ std::optional<std::pair<std::array<std::shared_ptr<xt::xarray<T>>, K>, std::size
   const std::size_t laid_shape[] = {total};
   const collective_call call = call_of<T>(verb, axes, shapes, std::nullopt,
                                           K == 1 ? std::span<const std::size_t>(leaves[0].shape) : laid_shape);
+  // Folds elements [lo, end) of leaf k of the members into `out`, in pieces that stay in cache.
+  auto fold_leaf = [&](T* out, std::size_t n, auto member, std::size_t lo, std::size_t end) {
+    constexpr std::size_t piece = std::size_t{1} << 16;
+    for (; lo < end; lo += piece) fold_range(n, member, lo, std::min(piece, end - lo), out, op);
+  };
 
-  std::array<std::shared_ptr<xt::xarray<T>>, K> out;
-  auto own_outputs = [&] {
-    for (std::size_t k = 0; k < K; ++k) out[k] = shared_storage(uninitialized_array<T>(leaves[k].shape));
-  };
-  auto fold_leaf = [&](std::size_t k, std::size_t n, auto member, std::size_t lo, std::size_t end) {
-    constexpr std::size_t piece = std::size_t{1} << 16;  // pieces that stay in cache
-    for (; lo < end; lo += piece) fold_range(n, member, lo, std::min(piece, end - lo), out[k]->data(), op);
-  };
   if (bytes <= inline_payload_bytes) {
     alignas(64) std::byte laid[K == 1 ? 1 : inline_payload_bytes];
     if constexpr (K > 1)
       for (std::size_t k = 0; k < K; ++k)
         std::memcpy(laid + offset[k] * sizeof(T), leaves[k].data, (offset[k + 1] - offset[k]) * sizeof(T));
-    pointer_exchange exchange(join(*names), K == 1 ? static_cast<const void*>(leaves[0].data) : laid, call, bytes);
+    pointer_exchange exchange(join(names), K == 1 ? static_cast<const void*>(leaves[0].data) : laid, call, bytes);
     const std::size_t n = exchange.size();
-    own_outputs();
-    for (std::size_t k = 0; k < K; ++k)
-      fold_leaf(k, n, [&](std::size_t m) { return static_cast<const T*>(exchange.slot(m)) + offset[k]; }, 0,
+    std::array<std::shared_ptr<xt::xarray<T>>, K> out;
+    for (std::size_t k = 0; k < K; ++k) {
+      out[k] = shared_storage(uninitialized_array<T>(leaves[k].shape));
+      fold_leaf(out[k]->data(), n, [&](std::size_t m) { return static_cast<const T*>(exchange.slot(m)) + offset[k]; }, 0,
                 offset[k + 1] - offset[k]);
+    }
     exchange.release();
     return std::pair{std::move(out), n};
   }
-  struct offered {
-    std::array<const T*, K> in;
-    const std::array<std::shared_ptr<xt::xarray<T>>, K>* out;
-  };
-  offered mine{{}, &out};
-  for (std::size_t k = 0; k < K; ++k) mine.in[k] = leaves[k].data;
+  std::array<const T*, K> inputs;
+  std::array<std::span<const std::size_t>, K> leaf_shapes;
+  for (std::size_t k = 0; k < K; ++k) inputs[k] = leaves[k].data, leaf_shapes[k] = leaves[k].shape;
   const bool chunked = bytes >= chunked_reduction_bytes;
-  membership m = join(*names);
-  if (!chunked || m.rank == 0) own_outputs();
-  pointer_exchange exchange(std::move(m), &mine, call);
+  output_exchange<T, K> exchange(names, inputs, call, leaf_shapes, chunked);
   const std::size_t n = exchange.size(), r = exchange.rank();
-  auto offer = [&](std::size_t member) -> const offered& { return *static_cast<const offered*>(exchange.slot(member)); };
-  if (chunked && r != 0) out = *offer(0).out;
   for (std::size_t k = 0; k < K; ++k) {
-    auto member = [&](std::size_t m) { return offer(m).in[k]; };
+    auto member = [&](std::size_t m) { return exchange.input(m, k); };
     if (!chunked) {
-      fold_leaf(k, n, member, 0, offset[k + 1] - offset[k]);
+      fold_leaf(exchange.output(k), n, member, 0, offset[k + 1] - offset[k]);
       continue;
     }
     // The part of chunk r that lies in leaf k, in the leaf's own indices.
     const std::size_t lo = std::max(offset[k], r * total / n), end = std::min(offset[k + 1], (r + 1) * total / n);
-    if (lo < end) fold_leaf(k, n, member, lo - offset[k], end - offset[k]);
+    if (lo < end) fold_leaf(exchange.output(k), n, member, lo - offset[k], end - offset[k]);
   }
-  exchange.release();
-  return std::pair{std::move(out), n};
+  return std::pair{exchange.finish(), n};
 }
 
-/// The same for one leaf, with pmean's divisor (`count_members`; else an empty array).
+/// The same for one leaf, with pmean's divisor (`count_members`; else an empty array), where
+/// every axis is an axis of device threads and there are no groups; else nothing.
 template <class T, class Op>
 std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_threads(
     std::string_view verb, const strided_block<T>& in, std::span<const named_axis> axes,
     const std::optional<groups_t>& groups, bool count_members, Op op) {
-  auto done = reduce_leaves_among_threads<T, 1>(verb, std::array{in}, axes, groups, op);
+  if (groups) return std::nullopt;
+  const auto names = thread_axes(axes);
+  if (!names) return std::nullopt;
+  auto done = reduce_leaves_among_threads<T, 1>(verb, std::array{in}, axes, *names, op);
   if (!done) return std::nullopt;
   return std::pair{shared_array<T>(std::move(done->first[0])), members_divisor(in.shape.size(), done->second, count_members)};
 }
@@ -200,10 +196,10 @@ std::optional<shared_array<T>> gather_among_threads(std::string_view verb, const
   out_shape.insert(out_shape.end(), in.shape.begin() + static_cast<std::ptrdiff_t>(positional_rank), in.shape.end());
   const auto [slot_strides, step] = gathered_slots(out_shape, a, tile, tiled);
 
-  shared_output_exchange<T> exchange(*names, in.data, call_of<T>(verb, axes, gather_options(axis, tiled), std::nullopt, in.shape),
-                                     out_shape);
+  output_exchange<T> exchange(*names, {in.data}, call_of<T>(verb, axes, gather_options(axis, tiled), std::nullopt, in.shape),
+                              {out_shape});
   copy_strided(in, exchange.output() + static_cast<std::ptrdiff_t>(exchange.rank()) * step, slot_strides);
-  return exchange.finish();
+  return shared_array<T>(std::move(exchange.finish()[0]));
 }
 
 }  // namespace namedax::detail
