@@ -298,19 +298,25 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
       // This process is one index of the axis; the results of the others arrive by allgather.
       auto [grid, index] = processes->push(A::name, n);
       const std::string what = message("namedax::", verb, "<\"", A::name, "\">");
+      // Before any collective, the processes meet: one whose own arguments failed a check has
+      // thrown (mpi::pmap tells the others here), and a different size, kind of arguments or
+      // out_axes fails on every process instead of in the exchange of the results.
+      grid->agree_always(message(what, " of axis size ", n, own_slices ? " on its own slices" : " on the whole arguments",
+                                 " with out_axes ", out_axes),
+                         what);
       std::optional<leaves_type> mine;
       try {
         frame_scope scope(frame{A::name, n, placement::devices, index, nullptr, grid});
         mine = evaluate_leaves(call(own_slices ? 0 : index));
       } catch (...) {
-        grid->finish(std::current_exception(), "", what);
+        grid->raise_everywhere(std::current_exception());
       }
       std::string shapes;
       tree_for_each(*mine, [&](const auto& leaf) {
         shapes += message(" ", std::vector<std::size_t>(leaf.shape().begin(), leaf.shape().end()), " ",
                           dtype_name<typename std::remove_cvref_t<decltype(leaf)>::value_type>());
       });
-      grid->finish(nullptr, message("return from ", what, " with results", shapes), what);
+      grid->agree_always(message("return from ", what, " with results", shapes), what);
       const std::string_view names[] = {A::name};
       process_channel& channel = grid->channel(names, nullptr);
       std::vector<std::shared_ptr<void>> gathered;  // the other processes' results, kept while stacking

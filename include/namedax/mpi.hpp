@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 namespace namedax::mpi {
@@ -153,7 +154,7 @@ struct mesh {
   MPI_Comm world = MPI_COMM_NULL;
   std::size_t size = 0, rank = 0;
   std::map<std::string, std::unique_ptr<channel>> channels;
-  bool aborted = false;  // a failed agreement: every process knows, none needs to be told
+  bool failed = false;  // a failure every process knows of (by an agreement): none needs to be told again
 
   mesh() {
     check(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
@@ -230,20 +231,20 @@ class grid final : public process_grid {
   }
 
   void agree(std::string_view signature, std::string_view what) override {
-    if (agree_on_every_collective()) agree_now(signature, what);
+    if (agree_on_every_collective()) agree_always(signature, what);
   }
 
-  void agree_now(std::string_view signature, std::string_view what) {
+  void agree_always(std::string_view signature, std::string_view what) override {
     const std::uint64_t mine = fingerprint_of(signature);
     std::uint64_t seen[2] = {mine, ~mine};  // max and ~min over the processes: equal when all agree
     check(MPI_Allreduce(MPI_IN_PLACE, seen, 2, MPI_UINT64_T, MPI_MAX, mesh_->world), "MPI_Allreduce");
     if (seen[0] == ~seen[1]) return;
-    mesh_->aborted = true;
+    mesh_->failed = true;
     throw collective_error(message(what, " on process ", path(), ": ", disagreement(signature)));
   }
 
-  void finish(std::exception_ptr error, const std::string& signature, std::string_view what) override {
-    if (!error) return agree_now(signature, what);
+  [[noreturn]] void raise_everywhere(std::exception_ptr error) override {
+    if (mesh_->failed) std::rethrow_exception(error);  // it came from an agreement, or was told already
     std::string text = "an exception that is not a std::exception";
     try {
       std::rethrow_exception(error);
@@ -251,18 +252,20 @@ class grid final : public process_grid {
       text = e.what();
     } catch (...) {
     }
-    // Tell the others, which wait in their next collective or at the end of the map, unless a
-    // failed agreement already told everyone.
-    if (!mesh_->aborted) try {
-        agree_now(message(threw_marker, text), what);
-      } catch (const collective_error&) {
-      }
-    if (axes_.size() > 1) std::rethrow_exception(error);  // the outermost process map says where
-    rethrow_from_device(error, message(" (thrown on process ", path(), ")"));
+    // Every agreement is one MPI_Allreduce on the world: this one meets the others' next, in a
+    // collective, at the start or at the end of a map, which then fails on every process.
+    try {
+      agree_always(message(threw_marker, text), "");
+    } catch (const collective_error&) {
+    }
+    mesh_->failed = true;  // where processes all threw the same, the agreement itself succeeded
+    rethrow_noting(error, message(" (thrown on process ", path(), ")"));
   }
 
-  /// "i=2 (rank 5)": the coordinates along the process axes and the world rank.
+  /// "i=2 (rank 5)": the coordinates along the process axes and the world rank ("rank 5"
+  /// outside every process map).
   [[nodiscard]] std::string path() const {
+    if (axes_.empty()) return message("rank ", mesh_->rank);
     std::string p;
     for (const auto& a : axes_) append_coordinate(p, a.name, a.index);
     return message(p, " (rank ", mesh_->rank, ")");
@@ -270,6 +273,21 @@ class grid final : public process_grid {
 
  private:
   static constexpr std::string_view threw_marker = "\x01threw: ";
+
+  /// Rethrows `error` with `note` (where it was thrown) appended to its message: a
+  /// namedax::error or collective_error as the same type, a standard exception as
+  /// rethrow_from_device does; any other type unchanged.
+  [[noreturn]] static void rethrow_noting(std::exception_ptr error, const std::string& note) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const namedax::error& e) {
+      if (typeid(e) == typeid(collective_error)) throw collective_error(e.what() + note);
+      if (typeid(e) == typeid(namedax::error)) throw namedax::error(e.what() + note);
+      throw;
+    } catch (...) {
+    }
+    rethrow_from_device(error, note);
+  }
 
   /// NAMEDAX_MPI_AGREE=0 skips the agreement before each collective (a 16-byte
   /// MPI_Allreduce), for measuring: processes that make different calls may then hang.
@@ -319,12 +337,12 @@ inline std::shared_ptr<process_grid> enclosing_grid(std::string_view name) {
   if (current_device())
     fail("namedax::mpi::pmap<\"", name, "\">: a process map cannot run inside the device threads of a pmap; "
          "put the process map outside");
+  auto& m = current_mesh();
+  if (!m) fail("namedax::mpi::pmap<\"", name, "\">: MPI is not set up; create a namedax::mpi::environment first");
+  m->failed = false;  // a failure caught by the program is over: the next one must be told
   const auto& stack = frames();
   for (auto it = stack.rbegin(); it != stack.rend(); ++it)
     if (it->processes) return it->processes;
-  auto& m = current_mesh();
-  if (!m) fail("namedax::mpi::pmap<\"", name, "\">: MPI is not set up; create a namedax::mpi::environment first");
-  m->aborted = false;  // an outermost process map starts afresh
   return std::make_shared<grid>(*m);
 }
 }  // namespace detail
@@ -374,8 +392,14 @@ template <fixed_string Name, std::size_t Extent = dynamic_extent, class F, class
 auto pmap(F f, InAxes in_axes = 0, int out_axes = 0, std::size_t axis_size = 0) {
   return [f = std::move(f), in_axes, out_axes, axis_size](const auto&... args) {
     auto grid = detail::enclosing_grid(Name.view());
-    return namedax::detail::call_map<binding<axis<Name>, placement::devices, Extent>, true>(
-        "mpi::pmap", f, in_axes, out_axes, axis_size, grid.get(), args...);
+    // A check of this process's own arguments that fails throws before the map's first
+    // agreement: the others learn of it there, instead of waiting for this process.
+    try {
+      return namedax::detail::call_map<binding<axis<Name>, placement::devices, Extent>, true>(
+          "mpi::pmap", f, in_axes, out_axes, axis_size, grid.get(), args...);
+    } catch (...) {
+      grid->raise_everywhere(std::current_exception());
+    }
   };
 }
 

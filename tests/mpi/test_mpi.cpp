@@ -3,7 +3,8 @@
 // same global data, 2-D meshes of processes, processes mixed with vmap and with threads, own
 // slices as inputs, and the errors. The data is integer-valued, so that MPI's own order of
 // summation cannot show and every comparison is bit for bit. Every process runs every case;
-// the program fails when any process fails. Needs an even number of processes.
+// the program fails when any process fails, or when a test case hangs (its watchdog). Needs an
+// even number of processes.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../test_support.hpp"
 
@@ -11,8 +12,13 @@
 
 #include <xtensor/xview.hpp>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 using namespace namedax::literals;
 using namedax_test::error_of;
@@ -85,6 +91,88 @@ std::string collective_error_of(F f) {
     return std::string("another exception: ") + e.what();
   }
   return "no error";
+}
+
+/// Makes a hang fail: a test case still running after NAMEDAX_MPI_TEST_TIMEOUT seconds (default
+/// 120) ends its process with a message naming it, and mpirun then ends the others.
+class watchdog final : public doctest::IReporter {
+ public:
+  explicit watchdog(const doctest::ContextOptions&) {}
+  void test_case_start(const doctest::TestCaseData& test) override { state().arm(test.m_name); }
+  void test_case_end(const doctest::CurrentTestCaseStats&) override { state().disarm(); }
+  void report_query(const doctest::QueryData&) override {}
+  void test_run_start() override {}
+  void test_run_end(const doctest::TestRunStats&) override {}
+  void test_case_reenter(const doctest::TestCaseData&) override {}
+  void test_case_exception(const doctest::TestCaseException&) override {}
+  void subcase_start(const doctest::SubcaseSignature&) override {}
+  void subcase_end() override {}
+  void log_assert(const doctest::AssertData&) override {}
+  void log_message(const doctest::MessageData&) override {}
+  void test_case_skipped(const doctest::TestCaseData&) override {}
+
+ private:
+  struct timer {
+    std::mutex lock;
+    std::condition_variable changed;
+    std::string running;  // the test case, empty between cases
+    std::uint64_t started = 0;
+
+    void arm(const char* name) {
+      std::lock_guard hold(lock);
+      running = name, ++started;
+      changed.notify_one();
+    }
+    void disarm() {
+      std::lock_guard hold(lock);
+      running.clear();
+      changed.notify_one();
+    }
+    void watch(std::chrono::seconds limit) {
+      std::unique_lock hold(lock);
+      for (;;) {
+        changed.wait(hold, [&] { return !running.empty(); });
+        const std::uint64_t watched = started;
+        if (!changed.wait_for(hold, limit, [&] { return running.empty() || started != watched; })) {
+          std::fprintf(stderr, "rank %zu: test case \"%s\" still runs after %lld s: it hangs\n", world_rank,
+                       running.c_str(), static_cast<long long>(limit.count()));
+          std::fflush(stderr);
+          std::_Exit(124);
+        }
+      }
+    }
+  };
+  // Never destroyed: its thread waits on it until the process ends.
+  static timer& state() {
+    static timer* const instance = [] {
+      auto* t = new timer;
+      const char* text = std::getenv("NAMEDAX_MPI_TEST_TIMEOUT");
+      const std::chrono::seconds limit(text ? std::atoi(text) : 120);
+      std::thread([t, limit] { t->watch(limit); }).detach();
+      return t;
+    }();
+    return *instance;
+  }
+};
+REGISTER_LISTENER("watchdog", 1, watchdog);
+
+/// What every process gets from `map` when process 1 alone fails (or calls something else): an
+/// `Own` on process 1, a namedax::collective_error on the others, each naming rank 1.
+template <class Own = namedax::error, class F>
+void check_every_process_names_rank_1(F map, std::string_view own, std::string_view others) {
+  std::string what = "no error";
+  bool expected_type = false;
+  try {
+    map();
+  } catch (const std::exception& e) {
+    what = e.what();
+    expected_type = world_rank == 1 ? dynamic_cast<const Own*>(&e) != nullptr
+                                    : dynamic_cast<const namedax::collective_error*>(&e) != nullptr;
+  }
+  CAPTURE(world_rank);
+  CHECK_MESSAGE(expected_type, what);
+  CHECK_MESSAGE(what.find(world_rank == 1 ? own : others) != std::string::npos, what);
+  CHECK_MESSAGE(what.find("rank 1") != std::string::npos, what);
 }
 
 }  // namespace
@@ -388,6 +476,102 @@ TEST_SUITE("errors") {
       return namedax::all_gather(x * ones, "i"_ax);
     };
     CHECK(collective_error_of([&] { namedax::mpi::pmap<"i">(g)(x); }).find("different calls") != std::string::npos);
+    check_like_vmap([](auto x) { return namedax::psum(x, "i"_ax); }, 0, x);
+  }
+}
+
+TEST_SUITE("one process fails alone") {
+  TEST_CASE("its own arguments fail a check: every process raises a namedax::error naming it") {
+    const std::size_t n = processes;
+    xt::xarray<float> x = xt::arange<float>(static_cast<float>(n));
+    auto f = [](auto x) { return namedax::psum(x, "i"_ax); };
+    const bool odd = world_rank == 1;
+    // An in_axes out of range on process 1 alone.
+    check_every_process_names_rank_1(
+        [&] { namedax::mpi::pmap<"i">(f, odd ? 3 : 0)(x); },
+        "namedax::mpi::pmap<\"i\">: in_axes of argument 0 3 is out of range for 1 positions (thrown on process rank 1)",
+        "namedax::mpi::pmap<\"i\"> on process i=" + std::to_string(world_rank) + " (rank " + std::to_string(world_rank) +
+            "): process rank 1 threw: namedax::mpi::pmap<\"i\">: in_axes of argument 0 3 is out of range for 1 positions");
+    // A size that does not divide the processes, on process 1 alone.
+    xt::xarray<float> longer = xt::arange<float>(static_cast<float>(n + 1));
+    check_every_process_names_rank_1(
+        [&] { namedax::mpi::pmap<"i">(f)(odd ? longer : x); },
+        "namedax::mpi::pmap<\"i\">: an axis of size " + std::to_string(n + 1) + " cannot be spread over " +
+            std::to_string(n) + " processes; the number of processes must be a multiple of the axis size (thrown on "
+            "process rank 1)",
+        "process rank 1 threw: namedax::mpi::pmap<\"i\">: an axis of size " + std::to_string(n + 1));
+    // Process 1 passes its own slice, the others the whole array: no process fails a check, but
+    // they would exchange different results.
+    xt::xarray<float> mine = xt::view(x, xt::range(world_rank, world_rank + 1));
+    const std::string call = "namedax::mpi::pmap<\"i\"> of axis size " + std::to_string(n);
+    const std::string whole_and_own = "process i=0 (rank 0) called " + call +
+                                      " on the whole arguments with out_axes 0, process i=1 (rank 1) called " + call +
+                                      " on its own slices with out_axes 0";
+    check_every_process_names_rank_1<namedax::collective_error>([&] { namedax::mpi::pmap<"i">(f)(odd ? mine : x); },
+                                                                whole_and_own, whole_and_own);
+    // An out_axes out of range on process 1, which only stacking the results would find.
+    auto pair = [](auto x) { return std::tuple{namedax::psum(x, "i"_ax), x}; };
+    const std::string out_axes_5 = "process i=1 (rank 1) called " + call + " on the whole arguments with out_axes 5";
+    check_every_process_names_rank_1<namedax::collective_error>(
+        [&] { namedax::mpi::pmap<"i">(pair, 0, odd ? 5 : 0)(x); }, out_axes_5, out_axes_5);
+    // An inner process map whose in_axes is out of range on process 1 (i = 1 / (processes / 2)).
+    xt::xarray<float> grid = xt::ones<float>({std::size_t{2}, n / 2, std::size_t{3}});
+    auto inner = [&](auto x) { return namedax::mpi::pmap<"j">([](auto x) { return namedax::psum(x, "j"_ax); }, odd ? 5 : 0)(x); };
+    const std::string rank_1 = "process i=" + std::to_string(1 / (n / 2)) + " (rank 1)";
+    check_every_process_names_rank_1(
+        [&] { namedax::mpi::pmap<"i">(inner)(grid); },
+        "namedax::mpi::pmap<\"j\">: in_axes of argument 0 5 is out of range for 2 positions (thrown on " + rank_1 + ")",
+        rank_1 + " threw: namedax::mpi::pmap<\"j\">: in_axes of argument 0 5 is out of range for 2 positions");
+    // And the processes still work together afterwards.
+    check_like_vmap(f, 0, x);
+  }
+  TEST_CASE("psum of int8 on one process and int16 on the others is a collective_error everywhere") {
+    xt::xarray<int> x = xt::arange<int>(static_cast<int>(processes));
+    auto f = [](auto x) {
+      if (namedax::axis_index("i"_ax) == 1)
+        return namedax::eval(namedax::cast<std::int32_t>(namedax::psum(namedax::cast<std::int8_t>(x), "i"_ax)));
+      return namedax::eval(namedax::cast<std::int32_t>(namedax::psum(namedax::cast<std::int16_t>(x), "i"_ax)));
+    };
+    const std::string what = collective_error_of([&] { namedax::mpi::pmap<"i">(f)(x); });
+    CHECK_MESSAGE(what.find("processes made different calls at the same point: process i=0 (rank 0) called psum over "
+                            "('i',) of payload shape () and type int16, process i=1 (rank 1) called psum over ('i',) of "
+                            "payload shape () and type int8") != std::string::npos,
+                  what);
+    check_like_vmap([](auto x) { return namedax::psum(x, "i"_ax); }, 0, x);
+  }
+  TEST_CASE("user code throws on one process at each stage: every process raises an error naming it") {
+    xt::xarray<float> x = xt::arange<float>(static_cast<float>(processes));
+    for (int stage = 0; stage < 3; ++stage) {
+      CAPTURE(stage);
+      // Before any collective, between two, or after the last (the others have returned).
+      auto f = [stage](auto x) {
+        const bool throws = static_cast<bool>(namedax::axis_index("i"_ax) == 1);
+        if (throws && stage == 0) throw std::runtime_error("bad shard");
+        auto s = namedax::psum(x, "i"_ax);
+        if (throws && stage == 1) throw std::runtime_error("bad shard");
+        auto m = namedax::pmax(s, "i"_ax);
+        if (throws && stage == 2) throw std::runtime_error("bad shard");
+        return m;
+      };
+      std::string what;
+      try {
+        namedax::mpi::pmap<"i">(f)(x);
+        what = "no error";
+      } catch (const std::exception& e) {
+        what = e.what();
+        const bool collective = dynamic_cast<const namedax::collective_error*>(&e) != nullptr;
+        CHECK(collective == (world_rank != 1));
+      }
+      CHECK_MESSAGE(what.find(world_rank == 1 ? "bad shard (thrown on process i=1 (rank 1))"
+                                              : "process i=1 (rank 1) threw: bad shard") != std::string::npos,
+                    what);
+    }
+    // In the arguments: process 1 gives an expression that throws as the map evaluates it.
+    auto throwing = xt::make_lambda_xfunction([](float) -> float { throw std::runtime_error("bad value"); }, x);
+    auto sum = [](auto x) { return namedax::psum(x, "i"_ax); };
+    check_every_process_names_rank_1<std::runtime_error>(
+        [&] { world_rank == 1 ? namedax::mpi::pmap<"i">(sum)(throwing) : namedax::mpi::pmap<"i">(sum)(x); },
+        "bad value (thrown on process rank 1)", "process rank 1 threw: bad value");
     check_like_vmap([](auto x) { return namedax::psum(x, "i"_ax); }, 0, x);
   }
 }

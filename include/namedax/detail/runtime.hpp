@@ -75,10 +75,14 @@ struct process_grid {
   [[nodiscard]] virtual std::size_t block_size() const = 0;
   /// The grid with process axis `name` of size n added, and this process's index along it.
   virtual std::pair<std::shared_ptr<process_grid>, std::size_t> push(std::string_view name, std::size_t n) = 0;
-  /// Ends a process map on this process: with `error`, makes sure the other processes learn
-  /// of it (they throw a collective_error instead of waiting) and rethrows it; without,
-  /// agrees on `signature` (the results' shapes) as `agree` does.
-  virtual void finish(std::exception_ptr error, const std::string& signature, std::string_view what) = 0;
+  /// Agrees on `signature` as `agree` does, always: where a process map starts (its size and
+  /// kind of arguments) and returns (its results' shapes), so that a process that failed alone
+  /// before (its `raise_everywhere`) is met there, and processes that differ throw.
+  virtual void agree_always(std::string_view signature, std::string_view what) = 0;
+  /// Rethrows `error`, which this process met alone, after telling the other processes through
+  /// their next agreement (they throw a collective_error naming this process instead of
+  /// waiting), unless every process knows of a failure already.
+  [[noreturn]] virtual void raise_everywhere(std::exception_ptr error) = 0;
 };
 
 /// What one simulated device is doing, for error reports and departure checks.
