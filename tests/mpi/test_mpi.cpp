@@ -574,6 +574,22 @@ TEST_SUITE("one process fails alone") {
         "bad value (thrown on process rank 1)", "process rank 1 threw: bad value");
     check_like_vmap([](auto x) { return namedax::psum(x, "i"_ax); }, 0, x);
   }
+  TEST_CASE("a device thread of one process throws, or its pmap's arguments fail a check: every process raises an error") {
+    xt::xarray<float> x = xt::ones<float>({processes, std::size_t{2}});
+    auto f = [](auto x) {
+      if (namedax::axis_index("i"_ax) == 1 && namedax::axis_index("j"_ax) == 1) throw std::runtime_error("bad device");
+      return namedax::psum(x, namedax::axes("i"_ax, "j"_ax));
+    };
+    check_every_process_names_rank_1<std::runtime_error>([&] { namedax::mpi::pmap<"i">(namedax::pmap<"j">(f))(x); },
+                                                         "bad device", "process i=1 (rank 1) threw: bad device");
+    auto sum = [](auto x) { return namedax::psum(x, namedax::axes("i"_ax, "j"_ax)); };
+    const int in_axis = world_rank == 1 ? 4 : 0;
+    check_every_process_names_rank_1(
+        [&] { namedax::mpi::pmap<"i">([&](auto x) { return namedax::pmap<"j">(sum, in_axis)(x); })(x); },
+        "namedax::pmap<\"j\">: in_axes of argument 0 4 is out of range for 1 positions (thrown on process i=1 (rank 1))",
+        "process i=1 (rank 1) threw: namedax::pmap<\"j\">: in_axes of argument 0 4 is out of range for 1 positions");
+    check_same(namedax::mpi::pmap<"i">(namedax::pmap<"j">(sum))(x), namedax::vmap<"i">(namedax::vmap<"j">(sum))(x));
+  }
 }
 
 TEST_SUITE("differential") {
