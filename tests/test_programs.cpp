@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: MIT
 // Random differential testing: random programs of 1-4 collectives with random parameters run
 // on a random 2-D mesh in every placement (device x device, device x vectorized, ...) and in
-// pure vectorized mode must agree bit for bit. CI runs a fixed seed; to run more by hand:
+// pure vectorized mode must agree bit for bit, each device passing every operand evaluated or
+// lazy as it draws. CI runs a fixed seed; to run more by hand:
 //   NAMEDAX_PROGRAM_SEED=123 NAMEDAX_PROGRAMS=2000 ./namedax_tests -ts=programs
 #include "test_support.hpp"
 
 #include <cstdlib>
+#include <functional>
 #include <numeric>
+#include <thread>
 
 using namespace namedax::literals;
 
@@ -159,8 +162,9 @@ auto normalize(const V& v) {
   return namedax::eval(namedax::cast<float>(v) + zero);
 }
 
-template <class V>
-V run_step(const step& s, const V& v) {
+/// One step on `v`, which is V or a lazy expression of the same values; the result is a V.
+template <class V, class U>
+V run_step(const step& s, const U& v) {
   return with_axes(s.axes, [&](auto ax) -> V {
     const auto groups = s.groups.value_or(std::vector<std::vector<int>>{});
     auto grouped = [&](auto options) {
@@ -199,8 +203,18 @@ V run_step(const step& s, const V& v) {
       case op::axis_index: return normalize(v * 0.5f + namedax::cast<float>(namedax::axis_index(ax)));
       case op::scale: return normalize(v * 3.0f - 1.0f);
     }
-    return v;
+    return normalize(v);
   });
+}
+
+/// Calls g with `v` as it is (evaluated) or as a lazy expression of the same values, drawn
+/// anew on every call by each device thread: how a device holds its operand must never change
+/// what the devices exchange, nor a single bit of the results.
+template <class V, class G>
+V with_random_form(const V& v, G g) {
+  thread_local std::minstd_rand draws(static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
+  if (draws() % 2 == 0) return g(v);
+  return g(v * 1.0f);
 }
 
 unsigned env_or(const char* name, unsigned fallback) {
@@ -230,7 +244,8 @@ TEST_SUITE("programs") {
 
       auto f = [&program](auto x) {
         auto v = normalize(x);
-        for (const step& s : program) v = run_step(s, v);
+        for (const step& s : program)
+          v = with_random_form(v, [&](const auto& operand) { return run_step<decltype(v)>(s, operand); });
         return v;
       };
       const xt::xarray<float> reference = namedax::vmap<"i">(namedax::vmap<"j">(f))(x);

@@ -10,6 +10,16 @@
 #include <type_traits>
 #include <vector>
 
+// vmap and pmap give the same bits because every rule folds the members in one fixed order.
+// -ffast-math (or -fassociative-math alone, which defines no macro) lets the compiler reorder
+// those folds differently in each instantiation, so the modes may then differ in the last bits.
+// NAMEDAX_STRICT_BIT_IDENTITY makes it an error; NAMEDAX_ALLOW_FAST_MATH silences the warning.
+#if defined(__FAST_MATH__) && defined(NAMEDAX_STRICT_BIT_IDENTITY)
+#error "namedax: compiled with -ffast-math, which breaks the bit identity of vmap and pmap results (NAMEDAX_STRICT_BIT_IDENTITY is defined)"
+#elif defined(__FAST_MATH__) && !defined(NAMEDAX_ALLOW_FAST_MATH)
+#warning "namedax: compiled with -ffast-math: vmap and pmap results may differ in their last bits; define NAMEDAX_ALLOW_FAST_MATH to accept it"
+#endif
+
 namespace namedax {
 
 /// Thrown for bad input and for failed collectives. Messages read
@@ -26,6 +36,13 @@ class collective_error : public error {
 };
 
 namespace detail {
+/// A device's collective aborted because another device failed first (it threw, left, or the
+/// devices wait forever): pmap rethrows it only when no device's own error is known.
+class collective_abort : public collective_error {
+ public:
+  using collective_error::collective_error;
+};
+
 /// Appends one part of a message: text as it is, numbers as iostreams would print them
 /// (without the cost of a stream), pairs and ranges as Python tuples `(2, 3)`.
 template <class T>

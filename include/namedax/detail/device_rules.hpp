@@ -48,7 +48,7 @@ class output_exchange {
     membership m = join(names);
     if (!shared || m.rank == 0)
       for (std::size_t k = 0; k < K; ++k) out_[k] = shared_storage(uninitialized_array<T>(shapes[k]));
-    exchange_.emplace(std::move(m), &mine_, std::move(call));
+    exchange_.emplace(std::move(m), &mine_, std::move(call), 0, exchange_form::offer);
     if (shared && exchange_->rank() != 0) out_ = *offer(0).out;
   }
   output_exchange(const output_exchange&) = delete;  // the others hold pointers into it
@@ -102,18 +102,21 @@ inline xt::xarray<float> members_divisor(std::size_t rank, std::size_t n, bool c
 /// folds chunk r of the leaves laid end to end into outputs that every device shares; below,
 /// each device folds every member into outputs of its own. Members are folded in rank order,
 /// as for one leaf, so the bits are the same. Returns the leaves' results and the member
-/// count; nothing when a leaf is not row-major or there is nothing to reduce.
+/// count; nothing when there is nothing to reduce.
 template <class T, std::size_t K, class Op>
 std::optional<std::pair<std::array<std::shared_ptr<xt::xarray<T>>, K>, std::size_t>> reduce_leaves_among_threads(
-    std::string_view verb, const std::array<strided_block<T>, K>& leaves, std::span<const named_axis> axes,
+    std::string_view verb, std::array<strided_block<T>, K> leaves, std::span<const named_axis> axes,
     std::span<const std::string_view> names, Op op) {
   std::array<std::size_t, K + 1> offset{};
-  for (std::size_t k = 0; k < K; ++k) {
-    if (leaves[k].strides != row_major_strides(leaves[k].shape)) return std::nullopt;
-    offset[k + 1] = offset[k] + element_count(leaves[k].shape);
-  }
+  for (std::size_t k = 0; k < K; ++k) offset[k + 1] = offset[k] + element_count(leaves[k].shape);
   const std::size_t total = offset[K], bytes = total * sizeof(T);
   if (bytes == 0) return std::nullopt;
+  // Which path a call takes depends only on what every device agrees on (the signature): a
+  // device whose leaf is a strided view copies it, so that every member offers the same form.
+  auto contiguous = []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array<xt::xarray<T>, K>{(void(I), empty_array<T>())...};  // no element allocated
+  }(std::make_index_sequence<K>{});
+  for (std::size_t k = 0; k < K; ++k) make_row_major(leaves[k], contiguous[k]);
   // Devices must agree on every leaf's shape, not only on the total.
   thread_local std::string shapes;
   shapes.clear();
@@ -182,13 +185,14 @@ std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_thread
 /// all_gather without groups: each device copies its own member into its place in the one
 /// output.
 template <class T>
-std::optional<shared_array<T>> gather_among_threads(std::string_view verb, const strided_block<T>& in,
+std::optional<shared_array<T>> gather_among_threads(std::string_view verb, strided_block<T> in,
                                                     std::size_t positional_rank, std::span<const named_axis> axes,
                                                     const std::optional<groups_t>& groups, int axis, bool tiled) {
-  if (groups || element_count(in.shape) * sizeof(T) <= inline_payload_bytes || in.strides != row_major_strides(in.shape))
-    return std::nullopt;
+  if (groups || element_count(in.shape) * sizeof(T) <= inline_payload_bytes) return std::nullopt;
   const auto names = thread_axes(axes);
   if (!names) return std::nullopt;
+  xt::xarray<T> contiguous = empty_array<T>();  // the same path for every form of operand
+  make_row_major(in, contiguous);
   dims_t positional(in.shape.begin(), in.shape.begin() + static_cast<std::ptrdiff_t>(positional_rank));
   const std::size_t a = positional_axis(verb, "axis", axis, tiled ? positional_rank : positional_rank + 1, axes);
   const std::size_t tile = tiled ? positional[a] : 1;

@@ -113,7 +113,8 @@ std::tuple<shared_array<T>...> permute_by_reference(std::string_view verb, const
   }
   const auto offered = std::apply([](const auto*... leaf) { return std::array<const void*, count>{leaf...}; }, mine);
   using first_type = std::tuple_element_t<0, std::tuple<T...>>;
-  pointer_exchange exchange(join(names), &offered, call_of<first_type>(verb, axes, options, std::nullopt, shape));
+  pointer_exchange exchange(join(names), &offered, call_of<first_type>(verb, axes, options, std::nullopt, shape), 0,
+                            exchange_form::references);
   const long source = from[exchange.rank()];
   auto received = [&]<class U>(const shared_array<U>* own, std::size_t k) {
     if (source < 0) {
