@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 #include <variant>
 
@@ -375,6 +376,119 @@ TEST_SUITE("devices") {
     CHECK_THROWS_AS(namedax::pmap<"i">(bad)(x), std::runtime_error);
     auto good = [](auto x) { return namedax::psum(x, "i"_ax); };
     CHECK_BITWISE(namedax::pmap<"i">(good)(x), (xt::xarray<int>{6, 6, 6, 6}));
+  }
+
+  TEST_CASE("an inner pmap run again with another size meets only its own devices") {
+    // Each outer device runs pmap<"j"> over 3 then 2 devices, and over 2 then 3: the inner
+    // maps' collectives span their own devices, over j within one map, over i across the
+    // outer devices' maps of the same call.
+    const xt::xarray<int> x = {1, 10};
+    for (const auto& sizes : {std::pair{3, 2}, std::pair{2, 3}}) {
+      const int first = sizes.first, second = sizes.second;
+      CAPTURE(first);
+      CAPTURE(second);
+      auto inner = [](auto x, auto y) {
+        auto v = namedax::eval(x * (y + 1));
+        return namedax::eval(namedax::psum(v, "j"_ax) * 100 + namedax::psum(v, "i"_ax));
+      };
+      auto f = [&](auto x) {
+        const xt::xarray<int> ys_first = xt::arange<int>(first), ys_second = xt::arange<int>(second);
+        auto a = namedax::pmap<"j">(inner, std::tuple{namedax::none, 0})(x, ys_first);
+        auto b = namedax::pmap<"j">(inner, std::tuple{namedax::none, 0})(x, ys_second);
+        return std::tuple{a, b};
+      };
+      auto [a, b] = namedax::pmap<"i">(f)(x);
+      auto expected = [&](int n) {
+        xt::xarray<int> e = xt::zeros<int>({2, n});
+        for (int i = 0; i < 2; ++i)
+          for (int j = 0; j < n; ++j) e(i, j) = x(i) * n * (n + 1) / 2 * 100 + (x(0) + x(1)) * (j + 1);
+        return e;
+      };
+      CHECK_BITWISE(a, expected(first));
+      CHECK_BITWISE(b, expected(second));
+    }
+  }
+
+  TEST_CASE("an inner pmap run again and again does not keep the communicators of its earlier runs") {
+    // Each run of pmap<"j"> over 3 devices meets in 5 communicators (one over j per outer
+    // device, one over i per index of j); its last member to finish frees each of them.
+    const xt::xarray<int> x = {1, 10}, ys = xt::arange<int>(3);
+    static std::atomic<std::size_t> most{0};
+    most = 0;
+    auto inner = [](auto x, auto y) { return namedax::eval(namedax::psum(x * y, "j"_ax) + namedax::psum(x * y, "i"_ax)); };
+    auto f = [&](auto x) {
+      for (int run = 0; run < 20; ++run) {
+        namedax::pmap<"j">(inner, std::tuple{namedax::none, 0})(x, ys);
+        namedax::detail::world& w = *namedax::detail::find_frame("i")->shared;
+        std::lock_guard guard(w.lock);
+        for (std::size_t now = w.communicators.size(), seen = most; now > seen && !most.compare_exchange_weak(seen, now);) {
+        }
+      }
+      return namedax::eval(x);
+    };
+    namedax::pmap<"i">(f)(x);
+    const std::size_t largest = most;
+    CHECK(largest > 0);
+    CHECK(largest <= 2 * 5);  // this run's and at most the next one's
+  }
+
+  TEST_CASE("a map that rebinds the axis of an enclosing map is an error") {
+    // Over plain data the inner map's types do not show the outer axis (with named arguments
+    // it does not compile: see compile_fail/axis_bound_twice.cpp, pmap_axis_bound_twice.cpp).
+    const xt::xarray<int> x = {1, 2, 3, 4};
+    auto inner = [](auto y) { return namedax::psum(y, "i"_ax); };
+    auto rebinding = [](const char* outer_verb, const char* inner_verb) {
+      return namedax::detail::message("namedax::", inner_verb, "<\"i\">: axis 'i' is already bound by an enclosing namedax::",
+                                      outer_verb, "<\"i\">; give the inner map an axis name of its own");
+    };
+    auto pmap_inside = [&](auto) { return namedax::pmap<"i">(inner)(x); };
+    auto vmap_inside = [&](auto) { return namedax::vmap<"i">(inner)(x); };
+    CHECK(namedax_test::error_of([&] { namedax::pmap<"i">(pmap_inside)(x); }) == rebinding("pmap", "pmap"));
+    CHECK(namedax_test::error_of([&] { namedax::pmap<"i">(vmap_inside)(x); }) == rebinding("pmap", "vmap"));
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(pmap_inside)(x); }) == rebinding("vmap", "pmap"));
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(vmap_inside)(x); }) == rebinding("vmap", "vmap"));
+    // with another map between them
+    auto deeper = [&](auto) { return namedax::pmap<"j">(pmap_inside)(x); };
+    CHECK(namedax_test::error_of([&] { namedax::pmap<"i">(deeper)(x); }) == rebinding("pmap", "pmap"));
+    // and a map of another name inside works as before: each outer device sums its own copy
+    auto other = [&](auto) { return namedax::pmap<"j">([](auto y) { return namedax::psum(y, "j"_ax); })(x); };
+    CHECK_BITWISE(namedax::pmap<"i">(other)(x), xt::xarray<int>(xt::zeros<int>({4, 4}) + 10));
+  }
+
+  TEST_CASE("a device thread that cannot start is a namedax::error, and the devices that started are joined") {
+    struct reset_hook {
+      ~reset_hook() { namedax::detail::before_device_start = nullptr; }
+    } reset;
+    static std::atomic<long> failing{-1};  // the device whose start fails; -1: the first on a thread of its own
+    static std::atomic<long> failed{-1};
+    const std::system_error refusal(std::make_error_code(std::errc::resource_unavailable_try_again), "thread");
+    namedax::detail::before_device_start = [](std::size_t d, bool own_thread) {
+      long none = -1;
+      if (static_cast<long>(d) == failing || (failing == -1 && own_thread && failed.compare_exchange_strong(none, static_cast<long>(d))))
+        throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again), "thread");
+    };
+    auto expected = [&](long k, std::size_t n) {
+      return namedax::detail::message("namedax::pmap<\"i\">: could not start device thread ", k, " of ", n, ": ",
+                                      refusal.what(), "; use fewer devices, or allow the process more threads or memory");
+    };
+    auto f = [](auto x) { return namedax::psum(x, "i"_ax); };  // devices that started wait for the others
+    const xt::xarray<int> x = xt::arange<int>(8);
+    for (long k : {0, 5, 7}) {
+      CAPTURE(k);
+      failing = k;
+      CHECK(namedax_test::error_of([&] { namedax::pmap<"i">(f)(x); }) == expected(k, 8));
+      // in a nested map (whose 2 outer devices start), the outer pmap rethrows it
+      const xt::xarray<int> xy = xt::zeros<int>({2, 8});
+      if (k > 1) CHECK(namedax_test::error_of([&] { namedax::pmap<"j">(namedax::pmap<"i">(f))(xy); }) == expected(k, 8));
+    }
+    // More devices than a task arena runs at once: those it cannot start get threads of their own.
+    failing = -1;
+    const xt::xarray<int> wide = xt::arange<int>(300);
+    const std::string what = namedax_test::error_of([&] { namedax::pmap<"i">(f)(wide); });
+    REQUIRE(failed >= 0);
+    CHECK(what == expected(failed, 300));
+    namedax::detail::before_device_start = nullptr;
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x), xt::xarray<int>(xt::zeros<int>({8}) + 28));
   }
 }
 

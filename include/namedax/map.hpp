@@ -171,6 +171,10 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
   constexpr placement P = Binding::place;
   using Outer = typename merged_env<env<>, Args...>::type;
   if constexpr (Outer::index_of(A::name) >= 0) (void)sizeof(axis_bound_twice<A>);
+  // Over plain data the types cannot show an enclosing map of the same name; the thread's frames do.
+  if (const frame* enclosing = find_frame(A::name))
+    fail("namedax::", verb, "<\"", A::name, "\">: axis '", A::name, "' is already bound by an enclosing namedax::",
+         map_verb(*enclosing), "<\"", A::name, "\">; give the inner map an axis name of its own");
   using Inner = typename env_push<Outer, Binding>::type;
   using arg_types = std::tuple<Args...>;
   constexpr std::size_t count = sizeof...(Args);

@@ -3,6 +3,7 @@
 // any device TBB has not started shortly, since blocking rendezvous need every device running.
 #pragma once
 
+#include <namedax/detail/rendezvous.hpp>
 #include <namedax/detail/runtime.hpp>
 
 #include <tbb/global_control.h>
@@ -14,6 +15,7 @@
 #include <exception>
 #include <latch>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <type_traits>
@@ -49,6 +51,21 @@ namespace namedax::detail {
     throw;
   }
 }
+
+/// What an exception says: its what(), or that it is not a std::exception.
+inline std::string description_of(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+/// Called, when set, before device `device` of a launch is started (`own_thread`: on a thread
+/// of its own, else as a TBB task); what it throws stands for a start that failed (tests set it).
+inline void (*before_device_start)(std::size_t device, bool own_thread) = nullptr;
 
 /// Lets TBB run up to 256 tasks at once (it caps concurrency at the core count unless the
 /// global limit allows more; even then it promises nothing, hence the fallback threads in
@@ -99,11 +116,13 @@ inline void launch_devices(std::string_view name, std::size_t n, device_body bod
     }
   };
   auto state = std::make_shared<launch>(n);
+  const std::string launches = parent_record ? message(parent_record->launches, '/', parent_record->maps_launched++) : "";
   {
     std::lock_guard guard(shared->lock);
     for (std::size_t d = 0; d < n; ++d) {
       auto record = std::make_shared<device_record>();
       record->path = parent_path;
+      record->launches = launches;
       append_coordinate(record->path, name, d);
       shared->devices[record->path] = record;
       state->records.push_back(std::move(record));
@@ -111,6 +130,21 @@ inline void launch_devices(std::string_view name, std::size_t n, device_body bod
     shared->running += static_cast<int>(n);
     if (parent_record) parent_record->now = device_record::state::in_nested_map, --shared->running;
   }
+
+  // A device that ran, or will never run (`started` false): its record says so, it lets go of
+  // its communicators, and the last one gives the enclosing device back to its own map.
+  auto leave = [&, state](device_record& record, bool started) {
+    {
+      std::lock_guard guard(shared->lock);
+      if (!started) record.now = device_record::state::failed;
+      if (record.now != device_record::state::failed) record.now = device_record::state::finished;
+      leave_communicators(*shared, record);
+      --shared->running;
+      if (--state->remaining == 0 && parent_record)
+        parent_record->now = device_record::state::running, ++shared->running;
+    }
+    state->done.count_down();
+  };
 
   auto run = [&, state](std::size_t d) {
     if (state->claimed[d].exchange(true)) return;
@@ -126,13 +160,7 @@ inline void launch_devices(std::string_view name, std::size_t n, device_body bod
       try {
         body(d);
       } catch (...) {
-        std::string what = "an exception that is not a std::exception";
-        try {
-          throw;
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
+        const std::string what = description_of(std::current_exception());
         std::lock_guard guard(shared->lock);
         state->failed = true;
         if (!shared->first_error)
@@ -142,32 +170,53 @@ inline void launch_devices(std::string_view name, std::size_t n, device_body bod
         shared->poison(message("device ", record->path, " threw: ", what));
       }
     }
-    {
-      std::lock_guard guard(shared->lock);
-      if (record->now != device_record::state::failed) record->now = device_record::state::finished;
-      --shared->running;
-      if (--state->remaining == 0 && parent_record)
-        parent_record->now = device_record::state::running, ++shared->running;
-    }
-    state->done.count_down();
+    leave(*record, true);
   };
 
-#ifndef NAMEDAX_DEVICES_ON_STD_THREADS
-  // An arena of this map's own, as wide as it has devices: TBB wakes that many workers for
-  // it, not a worker for every slot of a wide shared arena (idle workers spin).
-  allow_many_devices();
-  tbb::task_arena arena(static_cast<int>(std::min<std::size_t>(n, 256)), 0);
-  for (std::size_t d = 0; d < n; ++d) arena.enqueue([run, d] { run(d); });
-
-  // Devices TBB has not started after a short grace period get a thread of their own.
-  {
-    std::unique_lock guard(state->start_lock);
-    state->started_all.wait_for(guard, std::chrono::milliseconds(20), [&] { return state->started == n; });
-  }
-#endif
+  std::size_t starting = 0;  // the device being started, for a report
   std::vector<std::thread> fallback;
-  for (std::size_t d = 0; d < n; ++d)
-    if (!state->claimed[d].load()) fallback.emplace_back(run, d);
+#ifndef NAMEDAX_DEVICES_ON_STD_THREADS
+  std::optional<tbb::task_arena> arena;
+#endif
+  try {
+#ifndef NAMEDAX_DEVICES_ON_STD_THREADS
+    // An arena of this map's own, as wide as it has devices: TBB wakes that many workers for
+    // it, not a worker for every slot of a wide shared arena (idle workers spin).
+    allow_many_devices();
+    arena.emplace(static_cast<int>(std::min<std::size_t>(n, 256)), 0);
+    for (starting = 0; starting < n; ++starting) {
+      if (before_device_start) before_device_start(starting, false);
+      arena->enqueue([run, d = starting] { run(d); });
+    }
+
+    // Devices TBB has not started after a short grace period get a thread of their own.
+    {
+      std::unique_lock guard(state->start_lock);
+      state->started_all.wait_for(guard, std::chrono::milliseconds(20), [&] { return state->started == n; });
+    }
+#endif
+    fallback.reserve(n);
+    for (starting = 0; starting < n; ++starting)
+      if (!state->claimed[starting].load()) {
+        if (before_device_start) before_device_start(starting, true);
+        fallback.emplace_back(run, starting);
+      }
+  } catch (...) {
+    // Out of threads or memory. The devices that started wait in collectives for those that
+    // never will: the poisoned world sends them away, and the launch stands in for each device
+    // nobody started, so that every thread that did start is joined before the error leaves.
+    const std::string why = message("namedax::pmap<\"", name, "\">: could not start device thread ", starting, " of ", n,
+                                    ": ", description_of(std::current_exception()),
+                                    "; use fewer devices, or allow the process more threads or memory");
+    {
+      std::lock_guard guard(shared->lock);
+      state->failed = true;
+      if (!shared->first_error) shared->first_error = std::make_exception_ptr(error(why));
+      shared->poison(why);
+    }
+    for (std::size_t d = 0; d < n; ++d)
+      if (!state->claimed[d].exchange(true)) leave(*state->records[d], false);
+  }
   state->done.wait();
   for (auto& t : fallback) t.join();
   if (!parent_record && tracing()) flush_trace_file();

@@ -104,9 +104,11 @@ inline membership join(std::span<const std::string_view> names) {
         m.comm = met.comm, m.rank = met.rank;
         return m;
       }
-  // The key: the names spanned, then this device's coordinates along every other device axis.
+  // The key: everything that tells communicators apart. The names spanned, in order; every
+  // device axis with its size (maps of other sizes never meet), and this device's coordinate
+  // along those not spanned; which run of each enclosing pmap this is.
   std::string key;
-  for (auto n : names) append_coordinate(key, n, 0);
+  for (auto n : names) key += n, key += ',';
   key += '|';
   std::vector<std::size_t> sizes;
   for (auto n : names) {
@@ -114,12 +116,17 @@ inline membership join(std::span<const std::string_view> names) {
     sizes.push_back(f->size);
     m.rank = m.rank * f->size + f->index;
   }
-  for (const frame& f : stack)
-    if (f.place == placement::devices && std::find(names.begin(), names.end(), f.name) == names.end())
-      append_coordinate(key, f.name, f.index);
+  for (const frame& f : stack) {
+    if (f.place != placement::devices) continue;
+    key += f.name, key += '/', key += std::to_string(f.size);
+    if (std::find(names.begin(), names.end(), f.name) == names.end()) key += '=', key += std::to_string(f.index);
+    key += ',';
+  }
+  if (me) key += '|', key += me->launches;
 
   std::lock_guard guard(m.shared->lock);
-  auto& slot = m.shared->communicators[key];
+  auto entry = m.shared->communicators.try_emplace(std::move(key)).first;
+  auto& slot = entry->second.comm;
   if (!slot) {
     auto c = std::make_unique<communicator>();
     std::size_t total = 1;
@@ -144,8 +151,19 @@ inline membership join(std::span<const std::string_view> names) {
     slot = std::move(c);
   }
   m.comm = slot.get();
-  if (me) me->met.push_back({{names.begin(), names.end()}, m.comm, m.rank});
+  if (me) me->met.push_back({{names.begin(), names.end()}, m.comm, m.rank, &entry->first});
   return m;
+}
+
+/// Lets go of the communicators device `me` met, once it runs no more collectives (call with
+/// the world's lock held): the last member of one to let go frees it. Every member meets a
+/// communicator once (its record keeps it), so when all have let go none reads it any more.
+inline void leave_communicators(world& w, device_record& me) {
+  for (const auto& met : me.met) {
+    auto entry = w.communicators.find(*met.key);
+    if (++entry->second.members_done == met.comm->size) w.communicators.erase(entry);
+  }
+  me.met.clear();
 }
 
 /// A collective call as the devices compare it and the trace records it. Its texts live in

@@ -102,13 +102,19 @@ struct device_record {
   std::uint64_t entered = 0;
   std::array<std::string, 3> recent;
   // The communicators this device met, by the names they span (its own thread only; axis
-  // names are static text), and its rank in each.
+  // names are static text), its rank in each, and each one's key in the world.
   struct met_communicator {
     std::vector<std::string_view> names;
     communicator* comm;
     std::size_t rank;
+    const std::string* key;
   };
   std::vector<met_communicator> met;
+  // Which run of each enclosing pmap this device belongs to: "" on the outermost pmap's devices,
+  // then "/k" for the k-th pmap each enclosing device launched, so that the devices of an inner
+  // pmap run again (on every outer device alike) never meet those of an earlier run.
+  std::string launches;
+  std::size_t maps_launched = 0;  // the pmaps this device launched (its own thread only)
 
   static constexpr std::size_t text_capacity = 256;
 
@@ -154,7 +160,13 @@ struct world {
   std::string error_note;
   std::atomic<int> running{0};  // devices running user code (not joined on a nested pmap)
   std::unordered_map<std::string, std::shared_ptr<device_record>> devices;
-  std::unordered_map<std::string, std::unique_ptr<communicator>> communicators;
+  // Each communicator with the number of its members that met it and are done: the last one
+  // frees it (an inner pmap that runs again and again gets new ones).
+  struct shared_communicator {
+    std::unique_ptr<communicator> comm;
+    std::size_t members_done = 0;
+  };
+  std::unordered_map<std::string, shared_communicator> communicators;
 
   /// Makes every waiting device give up (they look at least once a millisecond).
   void poison(std::string why) {
@@ -214,6 +226,12 @@ inline const frame* find_frame(std::string_view name) {
   for (auto it = stack.rbegin(); it != stack.rend(); ++it)
     if (it->name == name) return &*it;
   return nullptr;
+}
+
+/// The map that pushed a frame, as users spell it: "vmap", "pmap" or "mpi::pmap".
+inline std::string_view map_verb(const frame& f) {
+  if (f.place == placement::vectorized) return "vmap";
+  return f.processes ? "mpi::pmap" : "pmap";
 }
 
 /// The frame of `name`; a runtime error for values that carry no axis environment in their type.
