@@ -52,6 +52,17 @@ namespace namedax::detail {
   }
 }
 
+/// Whether an exception is an abort that another device's failure caused.
+inline bool is_abort(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const collective_abort&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 /// What an exception says: its what(), or that it is not a std::exception.
 inline std::string description_of(std::exception_ptr error) {
   try {
@@ -161,13 +172,18 @@ inline void launch_devices(std::string_view name, std::size_t n, device_body bod
         body(d);
       } catch (...) {
         const std::string what = description_of(std::current_exception());
+        const bool aborted = is_abort(std::current_exception());
         std::lock_guard guard(shared->lock);
         state->failed = true;
-        if (!shared->first_error)
-          shared->first_error = std::current_exception(),
+        // A device's own error wins over the aborts it caused, which may escape first (the
+        // others leave an exchange as soon as it has unwound through it).
+        const bool root = !shared->first_error || (shared->first_error_is_abort && !aborted);
+        if (root)
+          shared->first_error = std::current_exception(), shared->first_error_is_abort = aborted,
           shared->error_note = message(" (thrown on device ", record->path, ")", shared->recent_collectives());
         record->now = device_record::state::failed;
         shared->poison(message("device ", record->path, " threw: ", what));
+        if (root && !aborted) shared->reason = message("device ", record->path, " threw: ", what);
       }
     }
     leave(*record, true);

@@ -3,6 +3,7 @@
 // two-phase barriers that compare the callers' signatures, and errors instead of hangs.
 #pragma once
 
+#include <namedax/detail/fault.hpp>
 #include <namedax/detail/runtime.hpp>
 
 #include <chrono>
@@ -56,6 +57,23 @@ inline void wake_sleepers(std::atomic<std::uint32_t>& word) {
 #endif
 }
 
+/// How the members of an exchange offer their data: what a slot of the exchange points to.
+/// Every member of one call must offer the same form, so the form is chosen from what they
+/// all agree on (the call's signature and the placement of its axes), never from how one
+/// device holds its operand; it is part of the fingerprint they compare, so that a form chosen
+/// differently would be reported instead of read wrongly.
+enum class exchange_form : std::uint8_t {
+  payload,         // the member's payload, row-major (or a copy of it in the communicator)
+  offer,           // an output_exchange's inputs and output
+  references,      // the arrays themselves, handed over (ppermute by reference)
+  process_funnel,  // the payloads a process's first thread gathered from the other processes
+};
+
+inline std::string_view form_name(exchange_form form) {
+  constexpr std::string_view names[] = {"payload", "offer", "references", "process funnel"};
+  return names[static_cast<std::size_t>(form)];
+}
+
 /// The devices that differ only along some device axes, meeting again and again. A member
 /// arrives with one atomic increment; the last one to arrive compares the signatures and
 /// advances `generation`, which the others watch: spinning, then asleep on it (a futex), so
@@ -70,15 +88,27 @@ struct communicator {
   // What each member writes when it arrives, a cache line each: members that shared a line
   // would take it from one another's cores on every call.
   struct alignas(64) arrival {
-    std::uint64_t fingerprint = 0;             // of the member's current call
+    std::uint64_t fingerprint = 0;             // of the member's current call and form
+    exchange_form form = exchange_form::payload;
     std::atomic<std::uint32_t> generation{0};  // generation + 1 once the member arrived in it
   };
   std::unique_ptr<arrival[]> arrivals;
-  alignas(64) std::atomic<std::size_t> arrived{0};  // counted by every member
+  // The members arrived in the current generation, with the generation in the high half, so
+  // that a member can take its arrival back only from the barrier it arrived at.
+  alignas(64) std::atomic<std::uint64_t> arrived{0};
   alignas(64) std::atomic<std::uint32_t> generation{0};  // watched by every waiter
   std::atomic<int> sleepers{0};
-  bool failed = false;  // the signatures differed; written before the release
-  std::string failure;
+  // The calls differed at the barrier that made generation g: failed_generation[g % 2] == g,
+  // and failure[g % 2] says how; written before the release. Two, used by alternate
+  // generations, since a slow member may still read the last one while the others meet again.
+  std::uint32_t failed_generation[2] = {0, 0};
+  std::string failure[2];
+  // A member that left an exchange between its barriers (it threw while the others read):
+  // the release barrier that made generation g fails for every member (an output they share
+  // may lack its part), left_generation[g % 2] == g, and left_by[g % 2] names it. Written
+  // under the world's lock, before the member arrives.
+  std::uint32_t left_generation[2] = {0, 0};
+  std::string left_by[2];
 };
 
 /// This device's communicator over the device axes `names` (given order) and its rank in it,
@@ -195,7 +225,8 @@ inline std::string current_call_of(world& w, const std::string& path) {
 /// Sleeps until the barrier of generation `gen` completes or the world is poisoned; once a
 /// millisecond, looks under the world's lock whether a member left, every running device
 /// sleeps (a deadlock), or the timeout passed, and then returns what is wrong.
-inline std::optional<std::string> sleep_until_released(const membership& m, std::uint32_t gen, std::string_view what) {
+inline std::optional<std::string> sleep_until_released(const membership& m, std::uint32_t gen, std::string_view what,
+                                                       bool leaves_on_poison) {
   world& w = *m.shared;
   communicator& c = *m.comm;
   device_record& me = *current_device();
@@ -204,7 +235,7 @@ inline std::optional<std::string> sleep_until_released(const membership& m, std:
   auto next_check = start + std::chrono::milliseconds(1);
   std::optional<std::string> trouble;
   me.block(what, &c.generation, gen);
-  while (c.generation.load(std::memory_order_acquire) == gen && !w.poisoned && !trouble) {
+  while (c.generation.load(std::memory_order_acquire) == gen && !(leaves_on_poison && w.poisoned) && !trouble) {
     c.sleepers.fetch_add(1, std::memory_order_seq_cst);
     if (c.generation.load(std::memory_order_seq_cst) == gen) sleep_while_equal(c.generation, gen, std::chrono::milliseconds(1));
     c.sleepers.fetch_sub(1, std::memory_order_relaxed);
@@ -235,40 +266,74 @@ inline std::optional<std::string> sleep_until_released(const membership& m, std:
   return trouble;
 }
 
+/// Takes back member `rank`'s arrival at the barrier of generation `gen`, unless the barrier
+/// is completing (every member counted: then it is released, and must not leave). Returns
+/// whether it was taken back.
+inline bool take_back_arrival(communicator& c, std::size_t rank, std::uint32_t gen) {
+  std::uint64_t now = c.arrived.load(std::memory_order_acquire);
+  while (now >> 32 == gen && (now & 0xffffffffu) < c.size)
+    if (c.arrived.compare_exchange_weak(now, now - 1, std::memory_order_acq_rel)) {
+      c.arrivals[rank].generation.store(gen, std::memory_order_relaxed);
+      return true;
+    }
+  return false;
+}
+
 /// How often a waiter yields, where devices outnumber cores, before it sleeps.
 inline constexpr int crowded_yields = 16;
 
-/// Waits until every member arrived. With a call, the members' calls must agree: their
-/// fingerprints are compared, and on a mismatch their texts, kept in their device records.
-/// Throws collective_error instead of waiting forever: when a member returned or failed, when
-/// every running device waits (a deadlock: devices wait in different collectives), or on timeout.
-inline void arrive_and_wait(const membership& m, const collective_call* call, std::string_view what) {
+/// The mismatch message for members 0 and r of `c` (call with the world's lock held).
+inline std::string mismatch_between(world& w, const communicator& c, std::size_t r) {
+  std::string first = current_call_of(w, c.member_paths[0]), other = current_call_of(w, c.member_paths[r]);
+  std::string text = message("devices made different collective calls at the same point: device ", c.member_paths[0],
+                             " called ", first, ", device ", c.member_paths[r], " called ", other);
+  if (first == other)  // the same call offered in different forms: a defect of namedax, not of the program
+    text += message(" (the same call, offered as ", form_name(c.arrivals[0].form), " and as ",
+                    form_name(c.arrivals[r].form), ": a namedax defect, please report it)");
+  return text + "; every device must make the same collective calls in the same order" + w.recent_collectives();
+}
+
+/// Waits until every member arrived. With a call (the first barrier of an exchange), the
+/// members' calls must agree: their fingerprints are compared, and on a mismatch their texts,
+/// kept in their device records. Throws collective_error instead of waiting forever: when a
+/// member returned or failed, when every running device waits (a deadlock: devices wait in
+/// different collectives), or on timeout; a member that gives up takes its arrival back first,
+/// so that the barrier cannot complete without it and nobody reads what it offered.
+/// Without a call (the release barrier, after which a member may free what it offered), a
+/// member stays even when the world is poisoned: every member that passed the first barrier
+/// arrives here, and the others may still read its memory until they do.
+inline void arrive_and_wait(const membership& m, const collective_call* call, std::string_view what,
+                            exchange_form form = exchange_form::payload) {
   world& w = *m.shared;
   communicator& c = *m.comm;
   const auto& me = current_device();
+  const bool leaves_on_poison = call != nullptr;
   auto abort = [&](const std::string& why) -> void {
-    throw collective_error(message(what, " on device ", me->path, " was aborted: ", why));
+    throw collective_abort(message(what, " on device ", me->path, " was aborted: ", why));
   };
-  if (w.poisoned) {
+  if (leaves_on_poison && w.poisoned) {
     std::lock_guard guard(w.lock);
     abort(w.reason);
   }
+  auto poisoned = [&] { return leaves_on_poison && w.poisoned.load(); };
   const std::uint32_t gen = c.generation.load(std::memory_order_acquire);
-  if (call) c.arrivals[m.rank].fingerprint = call->fingerprint, me->enter(call->signature);
+  if (call) {
+    // The form goes into the fingerprint: members that offer different forms must not meet.
+    c.arrivals[m.rank].fingerprint = call->fingerprint ^ (static_cast<std::uint64_t>(form) * 0x9e3779b97f4a7c15ull);
+    c.arrivals[m.rank].form = form;
+    me->enter(call->signature);
+  }
   c.arrivals[m.rank].generation.store(gen + 1, std::memory_order_relaxed);
-  if (c.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == c.size) {
+  if ((c.arrived.fetch_add(1, std::memory_order_acq_rel) & 0xffffffffu) + 1 == c.size) {
     if (call)
-      for (std::size_t r = 0; r < c.size && !c.failed; ++r)
+      for (std::size_t r = 0; r < c.size; ++r)
         if (c.arrivals[r].fingerprint != c.arrivals[0].fingerprint) {
           std::lock_guard guard(w.lock);
-          c.failure = message("devices made different collective calls at the same point: device ", c.member_paths[0],
-                              " called ", current_call_of(w, c.member_paths[0]), ", device ", c.member_paths[r],
-                              " called ", current_call_of(w, c.member_paths[r]),
-                              "; every device must make the same collective calls in the same order",
-                              w.recent_collectives());
-          c.failed = true;
+          c.failure[(gen + 1) % 2] = mismatch_between(w, c, r);
+          c.failed_generation[(gen + 1) % 2] = gen + 1;
+          break;
         }
-    c.arrived.store(0, std::memory_order_relaxed);
+    c.arrived.store(std::uint64_t{gen + 1} << 32, std::memory_order_relaxed);
     c.generation.store(gen + 1, std::memory_order_seq_cst);
     if (c.sleepers.load(std::memory_order_seq_cst) > 0) wake_sleepers(c.generation);
   } else {
@@ -278,7 +343,7 @@ inline void arrive_and_wait(const membership& m, const collective_call* call, st
     // get the cores (a waiter that keeps yielding is scheduled again and again).
     const bool crowded = w.running > static_cast<int>(hardware_threads());
     const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-    for (int spin = 0; c.generation.load(std::memory_order_acquire) == gen && !w.poisoned.load(); ++spin) {
+    for (int spin = 0; c.generation.load(std::memory_order_acquire) == gen && !poisoned(); ++spin) {
       if (crowded) {
         if (spin == crowded_yields) break;
         std::this_thread::yield();
@@ -287,20 +352,23 @@ inline void arrive_and_wait(const membership& m, const collective_call* call, st
         cpu_relax();
       }
     }
-    if (c.generation.load(std::memory_order_acquire) == gen) {
-      if (auto trouble = sleep_until_released(m, gen, what)) {
+    while (c.generation.load(std::memory_order_acquire) == gen) {
+      auto trouble = sleep_until_released(m, gen, what, leaves_on_poison);
+      if (!trouble && c.generation.load(std::memory_order_acquire) == gen) {  // poisoned by another device
         std::lock_guard guard(w.lock);
-        *trouble += w.recent_collectives();
-        w.poison(*trouble);
-        abort(*trouble);
+        trouble = w.reason;
       }
-      if (c.generation.load(std::memory_order_acquire) == gen) {  // poisoned by another device
-        std::lock_guard guard(w.lock);
-        abort(w.reason);
-      }
+      if (!trouble || !take_back_arrival(c, m.rank, gen)) continue;  // released meanwhile: go on
+      std::lock_guard guard(w.lock);
+      if (!w.poisoned) *trouble += w.recent_collectives();
+      w.poison(*trouble);
+      abort(*trouble);
     }
   }
-  if (c.failed) throw collective_error(message(what, ": ", c.failure));
+  if (call && c.failed_generation[(gen + 1) % 2] == gen + 1)
+    throw collective_error(message(what, ": ", c.failure[(gen + 1) % 2]));
+  if (!call && c.left_generation[(gen + 1) % 2] == gen + 1)
+    abort(message("device ", c.left_by[(gen + 1) % 2], " failed in it after the exchange began"));
 }
 
 /// One exchange of pointers: every member offers its buffer, reads the others' after
@@ -309,11 +377,16 @@ inline void arrive_and_wait(const membership& m, const collective_call* call, st
 /// the communicator instead: then nobody reads the lender's memory, and release needs no
 /// barrier. Two buffers alternate by barrier generation: a member writes the next one while
 /// slower members still read this one, and cannot reach the one after before they arrive.
+/// A member that fails between the two (it throws, or cannot allocate its output) still meets
+/// the others at the release barrier as it unwinds, before what it lent is freed: the others
+/// finish reading, and its error then reaches them as the world's poison.
 class pointer_exchange {
  public:
-  pointer_exchange(membership m, const void* mine, collective_call call, std::size_t bytes = 0)
+  pointer_exchange(membership m, const void* mine, collective_call call, std::size_t bytes = 0,
+                   exchange_form form = exchange_form::payload)
       : m_(std::move(m)), call_(call), copied_(bytes > 0 && bytes <= inline_payload_bytes) {
     if (tracing()) arrival_us_ = trace_clock_us();
+    at_fault_point(fault_point::arrival, call_.op);
     communicator& c = *m_.comm;
     if (copied_) {  // the slots vector is not used: a faster member may already fill it for the next call
       inline_base_ = c.inline_payloads[c.generation.load(std::memory_order_acquire) % 2].data();
@@ -321,16 +394,27 @@ class pointer_exchange {
     } else {
       c.slots[m_.rank] = mine;
     }
-    arrive_and_wait(m_, &call_, call_.what);
+    arrive_and_wait(m_, &call_, call_.what, form);
+    lent_ = !copied_;
     if (arrival_us_ >= 0) wait_us_ = trace_clock_us() - arrival_us_;
+    try {
+      at_fault_point(fault_point::exchanged, call_.op);
+    } catch (...) {  // no destructor runs for an object whose constructor throws
+      meet_at_release();
+      throw;
+    }
   }
+  pointer_exchange(const pointer_exchange&) = delete;  // the others hold pointers into it
+  pointer_exchange& operator=(const pointer_exchange&) = delete;
+  ~pointer_exchange() { meet_at_release(); }
   [[nodiscard]] const void* slot(std::size_t rank) const {
     return copied_ ? inline_base_ + rank * inline_payload_bytes : m_.comm->slots[rank];
   }
   [[nodiscard]] std::size_t rank() const { return m_.rank; }
   [[nodiscard]] std::size_t size() const { return m_.comm->size; }
   void release() {
-    if (!copied_) arrive_and_wait(m_, nullptr, call_.what);
+    at_fault_point(fault_point::reading, call_.op);
+    if (lent_) lent_ = false, arrive_and_wait(m_, nullptr, call_.what);
     if (arrival_us_ >= 0) {
       const auto& me = *current_device();
       record(trace_event{me.path, std::string(call_.op), std::string(call_.axes), std::string(call_.parameters),
@@ -340,9 +424,28 @@ class pointer_exchange {
   }
 
  private:
+  /// The release barrier of a member that leaves early (it unwinds): what it lent stays
+  /// until the others are done reading it.
+  void meet_at_release() noexcept {
+    if (!lent_) return;
+    lent_ = false;
+    try {
+      communicator& c = *m_.comm;
+      const std::uint32_t gen = c.generation.load(std::memory_order_acquire);
+      {
+        std::lock_guard guard(m_.shared->lock);
+        c.left_by[(gen + 1) % 2] = current_device()->path;
+        c.left_generation[(gen + 1) % 2] = gen + 1;
+      }
+      arrive_and_wait(m_, nullptr, call_.what);
+    } catch (...) {  // timed out: the world is poisoned, and the others are gone too
+    }
+  }
+
   membership m_;
   collective_call call_;
   bool copied_;
+  bool lent_ = false;  // the others may read what this member lent, until the release barrier
   std::byte* inline_base_ = nullptr;
   double arrival_us_ = -1, wait_us_ = 0;  // arrival_us_ < 0: not traced
 };

@@ -157,6 +157,7 @@ struct world {
   std::atomic<bool> poisoned{false};  // read without the lock by waiting devices
   std::string reason;
   std::exception_ptr first_error;  // the first exception any device threw, and where
+  bool first_error_is_abort = false;  // it is a collective_abort: a device's own error replaces it
   std::string error_note;
   std::atomic<int> running{0};  // devices running user code (not joined on a nested pmap)
   std::unordered_map<std::string, std::shared_ptr<device_record>> devices;
