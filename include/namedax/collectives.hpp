@@ -268,7 +268,7 @@ auto fused_across_processes(const X& x, const std::optional<groups_t>& groups) {
                                           message(" of ", N, " leaves"));
     auto& [parts, divisors] = out.emplace();
     for (std::size_t k = 0; k < N; ++k) {
-      parts[k] = xt::xarray<T>::from_shape(blocks[k].shape);
+      parts[k] = uninitialized_array<T>(blocks[k].shape);
       std::copy_n(sum->first.data() + offsets[k], parts[k].size(), parts[k].data());
       divisors[k] = sum->second;
     }

@@ -16,7 +16,9 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <string>
+#include <thread>
 #include <typeinfo>
 #include <vector>
 
@@ -89,7 +91,13 @@ void nan_propagating(void* in, void* inout, int* length, MPI_Datatype*) {
                                                  : (a[k] < b[k] ? a[k] : b[k]);
 }
 
-/// One communicator of the mesh.
+/// Waits for `requests` (a nonblocking MPI call on `call`'s behalf) and, meanwhile, for a
+/// notice that another process failed: then the call is left pending and this throws a
+/// collective_error naming that process (defined after the grid, which names processes).
+inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view call);
+
+/// One communicator of the mesh. Each call is the nonblocking form of an MPI collective,
+/// waited for by wait_or_abandon, so that no process waits for one that failed.
 class channel final : public process_channel {
  public:
   explicit channel(MPI_Comm comm) : comm_(comm) {
@@ -105,27 +113,44 @@ class channel final : public process_channel {
   [[nodiscard]] std::size_t rank() const override { return rank_; }
   void allgather(const void* mine, void* all, std::size_t bytes) override {
     const int n = count_of(bytes, "MPI_Allgather");
-    check(MPI_Allgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, comm_), "MPI_Allgather");
+    MPI_Request request;
+    check(MPI_Iallgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, comm_, &request), "MPI_Allgather");
+    finish(&request, 1, "MPI_Allgather");
   }
   void allreduce(const void* in, void* out, std::size_t count, element_kind kind, fold_kind fold) override {
-    check(MPI_Allreduce(in, out, count_of(count, "MPI_Allreduce"), datatype_of(kind), op(kind, fold), comm_),
+    MPI_Request request;
+    check(MPI_Iallreduce(in, out, count_of(count, "MPI_Allreduce"), datatype_of(kind), op(kind, fold), comm_, &request),
           "MPI_Allreduce");
+    finish(&request, 1, "MPI_Allreduce");
   }
   void reduce_scatter(const void* in, void* out, std::size_t count_each, element_kind kind, fold_kind fold) override {
-    check(MPI_Reduce_scatter_block(in, out, count_of(count_each, "MPI_Reduce_scatter_block"), datatype_of(kind),
-                                   op(kind, fold), comm_),
+    MPI_Request request;
+    check(MPI_Ireduce_scatter_block(in, out, count_of(count_each, "MPI_Reduce_scatter_block"), datatype_of(kind),
+                                    op(kind, fold), comm_, &request),
           "MPI_Reduce_scatter_block");
+    finish(&request, 1, "MPI_Reduce_scatter_block");
   }
   void alltoall(const void* in, void* out, std::size_t bytes_each) override {
     const int n = count_of(bytes_each, "MPI_Alltoall");
-    check(MPI_Alltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_), "MPI_Alltoall");
+    MPI_Request request;
+    check(MPI_Ialltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_, &request), "MPI_Alltoall");
+    finish(&request, 1, "MPI_Alltoall");
   }
   void sendrecv(const void* in, long to, void* out, long from, std::size_t bytes) override {
     const int n = count_of(bytes, "MPI_Sendrecv");
-    check(MPI_Sendrecv(in, n, MPI_BYTE, to < 0 ? MPI_PROC_NULL : static_cast<int>(to), 0, out, n, MPI_BYTE,
-                       from < 0 ? MPI_PROC_NULL : static_cast<int>(from), 0, comm_, MPI_STATUS_IGNORE),
+    MPI_Request requests[2];
+    check(MPI_Irecv(out, n, MPI_BYTE, from < 0 ? MPI_PROC_NULL : static_cast<int>(from), 0, comm_, &requests[0]),
           "MPI_Sendrecv");
+    const int sent = MPI_Isend(in, n, MPI_BYTE, to < 0 ? MPI_PROC_NULL : static_cast<int>(to), 0, comm_, &requests[1]);
+    if (sent != MPI_SUCCESS) {
+      MPI_Cancel(&requests[0]);
+      MPI_Wait(&requests[0], MPI_STATUS_IGNORE);
+    }
+    check(sent, "MPI_Sendrecv");
+    finish(requests, 2, "MPI_Sendrecv");
   }
+  /// Whether a call on this communicator was left pending (another process failed in it).
+  [[nodiscard]] bool abandoned() const { return abandoned_; }
 
  private:
   static MPI_Op op(element_kind kind, fold_kind fold) {
@@ -144,9 +169,21 @@ class channel final : public process_channel {
     return ops[(kind == element_kind::float64 ? 2 : 0) + (max ? 0 : 1)];
   }
 
+  void finish(MPI_Request* requests, int count, std::string_view call) {
+    try {
+      wait_or_abandon(requests, count, call);
+    } catch (const collective_error&) {
+      abandoned_ = true;
+      throw;
+    }
+  }
+
   MPI_Comm comm_;
   std::size_t size_ = 0, rank_ = 0;
+  bool abandoned_ = false;
 };
+
+class grid;
 
 /// What every process map of this process shares: the world communicator (a duplicate, so
 /// that namedax's traffic never meets the program's own) and every channel made from it.
@@ -156,18 +193,79 @@ struct mesh {
   std::map<std::string, std::unique_ptr<channel>> channels;
   bool failed = false;  // a failure every process knows of (by an agreement): none needs to be told again
 
+  // Failure notices: a process that fails sends "<where>\x02<its message>" to every other one
+  // here before it unwinds; a process waiting in an MPI call probes for them (wait_or_abandon).
+  MPI_Comm notices = MPI_COMM_NULL;
+  std::vector<MPI_Request> notices_sent;
+  std::string notice;           // what this process sent, kept until every send completes
+  std::vector<char> heard_from;  // by world rank: whose notice this process has received
+  bool interrupted = false;     // a notice stopped a call here: this process must still meet the failing one
+  // The collective this process is in (for messages), set by each agreement.
+  const grid* caller = nullptr;
+  std::string_view what;
+  // Communicators left with a pending call, and what that call may still write to: kept for
+  // the rest of the program.
+  std::vector<std::unique_ptr<channel>> abandoned;
+
   mesh() {
     check(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &notices), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(notices, MPI_ERRORS_RETURN);
     int s = 0, r = 0;
     MPI_Comm_size(world, &s), MPI_Comm_rank(world, &r);
     size = static_cast<std::size_t>(s), rank = static_cast<std::size_t>(r);
+    heard_from.assign(size, 0);
   }
   mesh(const mesh&) = delete;
   mesh& operator=(const mesh&) = delete;
   ~mesh() {
     channels.clear();
+    for (auto& c : abandoned) (void)c.release();  // their pending calls never complete: never freed
+    MPI_Comm_free(&notices);
     MPI_Comm_free(&world);
+  }
+
+  /// Tells every other process that this one failed (`where`, `text`), without waiting.
+  void send_notices(const std::string& where, std::string_view text) {
+    notice = message(where, '\x02', text);
+    for (std::size_t r = 0; r < size; ++r)
+      if (r != rank) {
+        MPI_Request request;
+        check(MPI_Isend(notice.data(), count_of(notice.size(), "MPI_Isend"), MPI_CHAR, static_cast<int>(r), 0, notices,
+                        &request),
+              "MPI_Isend");
+        notices_sent.push_back(request);
+      }
+  }
+
+  /// Receives the notice that process `from` sent (it may still be on its way).
+  std::string receive_notice(int from) {
+    MPI_Status status;
+    check(MPI_Probe(from, 0, notices, &status), "MPI_Probe");
+    int length = 0;
+    MPI_Get_count(&status, MPI_CHAR, &length);
+    std::string text(static_cast<std::size_t>(length), '\0');
+    check(MPI_Recv(text.data(), length, MPI_CHAR, from, 0, notices, MPI_STATUS_IGNORE), "MPI_Recv");
+    heard_from[static_cast<std::size_t>(from)] = 1;
+    return text;
+  }
+
+  /// After an agreement that every process left knowing of a failure: receives the notices of
+  /// the processes that failed (`failed_ranks`) not received yet, completes this process's
+  /// own, and drops every communicator (some may hold a call that will never complete), so
+  /// that later process maps make new ones.
+  void settle_failure(const std::vector<std::size_t>& failed_ranks) {
+    for (std::size_t r : failed_ranks)
+      if (r != rank && !heard_from[r]) (void)receive_notice(static_cast<int>(r));
+    MPI_Waitall(static_cast<int>(notices_sent.size()), notices_sent.data(), MPI_STATUSES_IGNORE);
+    notices_sent.clear();
+    heard_from.assign(size, 0);
+    interrupted = false;
+    for (auto& [id, c] : channels)
+      if (c->abandoned()) abandoned.push_back(std::move(c));
+    channels.clear();
+    failed = true;
   }
 };
 
@@ -232,19 +330,38 @@ class grid final : public process_grid {
 
   void agree(std::string_view signature, std::string_view what) override {
     if (agree_on_every_collective()) agree_always(signature, what);
+    else mesh_->caller = this, mesh_->what = what;
   }
 
   void agree_always(std::string_view signature, std::string_view what) override {
+    mesh_->caller = this, mesh_->what = what;
     const std::uint64_t mine = fingerprint_of(signature);
     std::uint64_t seen[2] = {mine, ~mine};  // max and ~min over the processes: equal when all agree
     check(MPI_Allreduce(MPI_IN_PLACE, seen, 2, MPI_UINT64_T, MPI_MAX, mesh_->world), "MPI_Allreduce");
-    if (seen[0] == ~seen[1]) return;
+    if (seen[0] == ~seen[1]) {
+      // Every process threw the same: each one sent its notice to every other.
+      if (signature.starts_with(threw_marker)) {
+        std::vector<std::size_t> everyone(mesh_->size);
+        std::iota(everyone.begin(), everyone.end(), std::size_t{0});
+        mesh_->settle_failure(everyone);
+      }
+      return;
+    }
     mesh_->failed = true;
     throw collective_error(message(what, " on process ", path(), ": ", disagreement(signature)));
   }
 
   [[noreturn]] void raise_everywhere(std::exception_ptr error) override {
     if (mesh_->failed) std::rethrow_exception(error);  // it came from an agreement, or was told already
+    if (mesh_->interrupted) {
+      // A notice stopped this process's call: it meets the failing process in the agreement
+      // that one makes, and the collective_error it threw already names it.
+      try {
+        agree_always(interrupted_marker, "");
+      } catch (const collective_error&) {
+      }
+      std::rethrow_exception(error);
+    }
     std::string text = "an exception that is not a std::exception";
     try {
       std::rethrow_exception(error);
@@ -252,13 +369,15 @@ class grid final : public process_grid {
       text = e.what();
     } catch (...) {
     }
-    // Every agreement is one MPI_Allreduce on the world: this one meets the others' next, in a
-    // collective, at the start or at the end of a map, which then fails on every process.
+    // Processes waiting in an MPI call (this one failed after the agreement before it) learn
+    // of it by a notice; the others in their next agreement. Every agreement is one
+    // MPI_Allreduce on the world: this one meets the others' next, in a collective, at the
+    // start or at the end of a map, which then fails on every process.
+    mesh_->send_notices(path(), text);
     try {
       agree_always(message(threw_marker, text), "");
     } catch (const collective_error&) {
     }
-    mesh_->failed = true;  // where processes all threw the same, the agreement itself succeeded
     rethrow_noting(error, message(" (thrown on process ", path(), ")"));
   }
 
@@ -273,6 +392,7 @@ class grid final : public process_grid {
 
  private:
   static constexpr std::string_view threw_marker = "\x01threw: ";
+  static constexpr std::string_view interrupted_marker = "\x01interrupted";
 
   /// Rethrows `error` with `note` (where it was thrown) appended to its message: a
   /// namedax::error or collective_error as the same type, a standard exception as
@@ -316,9 +436,14 @@ class grid final : public process_grid {
       const auto cut = entry.find('\x02');
       calls.emplace_back(entry.substr(0, cut), entry.substr(cut + 1));
     }
-    for (const auto& [who, call] : calls)
-      if (call.starts_with(threw_marker))
-        return message("process ", who, " threw: ", call.substr(threw_marker.size()));
+    std::vector<std::size_t> threw;
+    for (std::size_t r = 0; r < calls.size(); ++r)
+      if (calls[r].second.starts_with(threw_marker)) threw.push_back(r);
+    if (!threw.empty()) {
+      mesh_->settle_failure(threw);
+      const auto& [who, call] = calls[threw.front()];
+      return message("process ", who, " threw: ", call.substr(threw_marker.size()));
+    }
     std::size_t other = 0;
     while (calls[other].second == calls[0].second) ++other;
     return message("processes made different calls at the same point: process ", calls[0].first, " called ",
@@ -332,6 +457,29 @@ class grid final : public process_grid {
   std::size_t place_;  // this process's place among them
 };
 
+inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view call) {
+  mesh& m = *current_mesh();
+  int done = 0, noticed = 0;
+  MPI_Status status;
+  // Spin first (a small call completes within microseconds), then yield the core to the
+  // other processes and threads on it.
+  for (unsigned polls = 0;; ++polls) {
+    check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), call);
+    if (done) return;
+    check(MPI_Iprobe(MPI_ANY_SOURCE, 0, m.notices, &noticed, &status), "MPI_Iprobe");
+    if (noticed) break;
+    if (polls > 256) std::this_thread::yield();
+  }
+  // Another process failed: this call may never complete. It stays pending (its communicator
+  // is dropped at the agreement that settles the failure).
+  const std::string notice = m.receive_notice(status.MPI_SOURCE);
+  const auto cut = notice.find('\x02');
+  m.interrupted = true;
+  throw collective_error(message(m.what.empty() ? std::string_view("namedax::mpi") : m.what, " on process ",
+                                 m.caller ? m.caller->path() : message("rank ", m.rank), ": process ",
+                                 notice.substr(0, cut), " threw: ", notice.substr(cut + 1)));
+}
+
 /// The grid a new process map splits: the innermost enclosing one's, or all processes.
 inline std::shared_ptr<process_grid> enclosing_grid(std::string_view name) {
   if (current_device())
@@ -340,6 +488,7 @@ inline std::shared_ptr<process_grid> enclosing_grid(std::string_view name) {
   auto& m = current_mesh();
   if (!m) fail("namedax::mpi::pmap<\"", name, "\">: MPI is not set up; create a namedax::mpi::environment first");
   m->failed = false;  // a failure caught by the program is over: the next one must be told
+  m->caller = nullptr, m->what = {};
   const auto& stack = frames();
   for (auto it = stack.rbegin(); it != stack.rend(); ++it)
     if (it->processes) return it->processes;

@@ -13,10 +13,13 @@
 #include <xtensor/xview.hpp>
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 #include <numeric>
 #include <thread>
 
@@ -588,6 +591,106 @@ TEST_SUITE("one process fails alone") {
         [&] { namedax::mpi::pmap<"i">([&](auto x) { return namedax::pmap<"j">(sum, in_axis)(x); })(x); },
         "namedax::pmap<\"j\">: in_axes of argument 0 4 is out of range for 1 positions (thrown on process i=1 (rank 1))",
         "process i=1 (rank 1) threw: namedax::pmap<\"j\">: in_axes of argument 0 4 is out of range for 1 positions");
+    check_same(namedax::mpi::pmap<"i">(namedax::pmap<"j">(sum))(x), namedax::vmap<"i">(namedax::vmap<"j">(sum))(x));
+  }
+}
+
+namespace {
+
+/// Fault injection on process 1: at `point`, the first time a collective under test reaches it.
+struct process_fault {
+  std::atomic<bool> armed{false}, used{false};  // armed once per run, by the first device thread
+  namedax::detail::fault_point point = namedax::detail::fault_point::arrival;
+  std::atomic<int> fired{0};
+};
+process_fault injected;
+constexpr const char* fault_point_names[] = {"arrival", "exchanged", "reading", "allocation"};
+
+void inject_on_process(namedax::detail::fault_point point, std::string_view operation) {
+  if (point != injected.point || !injected.armed.exchange(false)) return;
+  ++injected.fired;
+  if (point == namedax::detail::fault_point::allocation) throw std::bad_alloc();
+  throw std::runtime_error(namedax::detail::message("injected fault at ", fault_point_names[static_cast<int>(point)],
+                                                    " of ", operation));
+}
+
+/// Runs `map` with a fault at `point` on process 1, armed around `collective` in the mapped
+/// function: process 1 must raise its own exception, every other process a collective_error
+/// naming it, and none may hang (the watchdog).
+template <class Map>
+void check_fault_on_process_1(namedax::detail::fault_point point, Map map) {
+  namedax::detail::fault_injection() = &inject_on_process;
+  injected.point = point, injected.fired = 0, injected.used = false;
+  std::string what = "no error";
+  bool collective = false;
+  try {
+    map();
+  } catch (const std::exception& e) {
+    what = e.what();
+    collective = dynamic_cast<const namedax::collective_error*>(&e) != nullptr;
+  }
+  injected.armed = false;
+  namedax::detail::fault_injection() = nullptr;
+  const std::string at = fault_point_names[static_cast<int>(point)];
+  CAPTURE(world_rank);
+  CAPTURE(at);
+  if (world_rank == 1) {
+    CHECK(injected.fired == 1);
+    CHECK_MESSAGE(what.find(point == namedax::detail::fault_point::allocation ? "bad_alloc" : "injected fault at ") !=
+                      std::string::npos,
+                  what);
+  } else {
+    CHECK_MESSAGE(collective, what);
+    CHECK_MESSAGE(what.find("process i=1 (rank 1) threw: ") != std::string::npos, what);
+  }
+}
+
+/// `collective` mapped over "i" by processes, with the fault armed on process 1 around it.
+template <class C>
+auto armed_around(C collective) {
+  return [collective](auto x) {
+    if (world_rank == 1 && !injected.used.exchange(true)) injected.armed = true;
+    auto y = collective(x);  // a collective runs when it is called
+    if (!namedax::detail::current_device()) injected.armed = false;  // device threads: after the map
+    return y;
+  };
+}
+
+}  // namespace
+
+TEST_SUITE("fault injection on one process") {
+  using namedax::detail::fault_point;
+  constexpr fault_point process_points[] = {fault_point::arrival, fault_point::exchanged, fault_point::allocation};
+
+  TEST_CASE("each process path: a fault on process 1 at each point makes every process raise an error naming it") {
+    const std::size_t n = processes;
+    const xt::xarray<float> x = xt::arange<float>(static_cast<float>(n * n * 2)).reshape({n, n, std::size_t{2}});
+    std::vector<std::pair<int, int>> ring;
+    for (std::size_t k = 0; k < n; ++k) ring.emplace_back(static_cast<int>(k), static_cast<int>((k + 1) % n));
+    const auto groups = pairs_reversed(n);
+    auto run = [&](const std::string& path, auto collective) {
+      CAPTURE(path);
+      for (fault_point point : process_points)
+        check_fault_on_process_1(point, [&] { namedax::mpi::pmap<"i">(armed_around(collective))(x); });
+      // A later process map works: namedax makes new communicators after a failure.
+      check_like_vmap(collective, 0, x);
+    };
+    run("reduction (MPI_Allreduce)", [](auto x) { return namedax::psum(x, "i"_ax); });
+    run("reduction in groups", [&](auto x) { return namedax::pmax(x, "i"_ax, {.axis_index_groups = groups}); });
+    run("fused pytree reduction", [](auto x) { return namedax::psum(std::tuple{x, x * 2.0f}, "i"_ax); });
+    run("all_gather (MPI_Allgather)", [](auto x) { return namedax::all_gather(x, "i"_ax); });
+    run("all_gather along axis 1 (gathering every member)",
+        [](auto x) { return namedax::all_gather(x, "i"_ax, {.axis = 1}); });
+    run("psum_scatter (MPI_Reduce_scatter_block)",
+        [](auto x) { return namedax::psum_scatter(x, "i"_ax, {.tiled = true}); });
+    run("all_to_all (MPI_Alltoall)", [](auto x) { return namedax::all_to_all(x, "i"_ax, 0, 0, {.tiled = true}); });
+    run("ppermute (MPI_Sendrecv)", [&](auto x) { return namedax::ppermute(x, "i"_ax, ring); });
+  }
+  TEST_CASE("device threads inside processes (the funnel): a fault on process 1 at each point") {
+    const xt::xarray<float> x = xt::arange<float>(static_cast<float>(processes * 2 * 3)).reshape({processes, std::size_t{2}, std::size_t{3}});
+    auto sum = [](auto x) { return namedax::psum(x, namedax::axes("i"_ax, "j"_ax)); };
+    for (fault_point point : {fault_point::arrival, fault_point::exchanged, fault_point::reading, fault_point::allocation})
+      check_fault_on_process_1(point, [&] { namedax::mpi::pmap<"i">(namedax::pmap<"j">(armed_around(sum)))(x); });
     check_same(namedax::mpi::pmap<"i">(namedax::pmap<"j">(sum))(x), namedax::vmap<"i">(namedax::vmap<"j">(sum))(x));
   }
 }

@@ -12,9 +12,11 @@
 #include <xtensor/xarray.hpp>
 
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <span>
+#include <vector>
 
 namespace namedax::detail {
 
@@ -143,6 +145,22 @@ void make_row_major(strided_block<T>& in, xt::xarray<T>& storage) {
   copy_strided(in, storage.data());
   in.data = storage.data();
   in.strides = row_major_strides(in.shape);
+}
+
+/// Runs `call`, an MPI call that reads and writes `buffers`. If it throws (another process
+/// failed and the call was left pending, or MPI failed), the buffers are kept for the rest of
+/// the program: MPI may still write to them.
+template <class Call, class... Buffers>
+void call_keeping(Call&& call, Buffers&... buffers) {
+  try {
+    call();
+  } catch (...) {
+    static std::mutex lock;
+    static std::vector<std::shared_ptr<void>> kept;
+    std::lock_guard hold(lock);
+    (kept.push_back(std::make_shared<Buffers>(std::move(buffers))), ...);
+    throw;
+  }
 }
 
 /// The texts behind this thread's current collective_call, and what they describe: a call
@@ -318,10 +336,12 @@ class collective_frame {
     const std::string signature(call.signature);
     const std::string_view what = call.what;
     if (!current_device()) {
+      at_fault_point(fault_point::arrival, call.op);
       grid.agree(signature, what);
       process_channel& channel = grid.channel(across_processes, nullptr);
-      gathered_ = xt::xarray<T>::from_shape({channel.size() * count});
-      channel.allgather(in_.data, gathered_.data(), count * sizeof(T));
+      at_fault_point(fault_point::exchanged, call.op);
+      gathered_ = uninitialized_array<T>(std::array{channel.size() * count});
+      call_keeping([&] { channel.allgather(in_.data, gathered_.data(), count * sizeof(T)); }, gathered_, contiguous_);
       member_stride_ = count;
       return;
     }
@@ -339,11 +359,12 @@ class collective_frame {
     if (payloads.rank() == 0) {
       grid.agree(signature, what);
       process_channel& channel = grid.channel(across_processes, nullptr);
-      auto mine = xt::xarray<T>::from_shape({thread_size_total_ * count});
+      at_fault_point(fault_point::exchanged, call.op);
+      auto mine = uninitialized_array<T>(std::array{thread_size_total_ * count});
       for (std::size_t t = 0; t < thread_size_total_; ++t)
         std::copy_n(static_cast<const T*>(payloads.slot(t)), count, mine.data() + t * count);
-      gathered_ = xt::xarray<T>::from_shape({channel.size() * mine.size()});
-      channel.allgather(mine.data(), gathered_.data(), mine.size() * sizeof(T));
+      gathered_ = uninitialized_array<T>(std::array{channel.size() * mine.size()});
+      call_keeping([&] { channel.allgather(mine.data(), gathered_.data(), mine.size() * sizeof(T)); }, gathered_, mine);
     }
     payloads.release();
     exchange_.emplace(join(threads), payloads.rank() == 0 ? gathered_.data() : nullptr, std::move(call));

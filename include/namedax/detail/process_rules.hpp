@@ -35,6 +35,7 @@ std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_blo
                                               std::span<const named_axis> axes, const std::optional<groups_t>& groups,
                                               bool equal_groups, std::string_view options) {
   if (!placed_on_processes(axes)) return std::nullopt;
+  at_fault_point(fault_point::arrival, verb);
   std::vector<std::string_view> names;
   for (const auto& ax : axes) names.push_back(ax.name);
   (void)make_groups(verb, axes, groups, member_count(axes), equal_groups);  // throws on bad groups
@@ -44,6 +45,8 @@ std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_blo
   const collective_call described = call_of<T>(verb, axes, options, groups, call.in.shape);
   grid.agree(described.signature, described.what);
   call.channel = &grid.channel(names, groups ? &*groups : nullptr);
+  // From here on the other processes may be in the MPI call: a failure reaches them by a notice.
+  at_fault_point(fault_point::exchanged, verb);
   return call;
 }
 
@@ -63,7 +66,8 @@ std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_across_process
   auto call = whole_payloads<T>(verb, in, axes, groups, false, options);
   if (!call) return std::nullopt;
   auto out = uninitialized_array<T>(call->in.shape);
-  call->channel->allreduce(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold);
+  call_keeping([&] { call->channel->allreduce(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold); },
+               out, call->contiguous);
   xt::xarray<float> divisor = xt::xarray<float>::from_shape(std::vector<std::size_t>(in.shape.size(), 1));
   divisor.fill(static_cast<float>(call->channel->size()));
   return std::pair{std::move(out), std::move(divisor)};
@@ -82,7 +86,8 @@ std::optional<xt::xarray<T>> all_gather_across_processes(std::string_view verb, 
   if (tiled) shape[0] *= g;
   else shape.insert(shape.begin(), g);
   auto out = uninitialized_array<T>(shape);
-  call->channel->allgather(call->in.data, out.data(), element_count(call->in.shape) * sizeof(T));
+  call_keeping([&] { call->channel->allgather(call->in.data, out.data(), element_count(call->in.shape) * sizeof(T)); },
+               out, call->contiguous);
   return out;
 }
 
@@ -103,7 +108,9 @@ std::optional<xt::xarray<T>> psum_scatter_across_processes(std::string_view verb
   if (tiled) shape[0] /= g;
   else shape.erase(shape.begin());
   auto out = uninitialized_array<T>(shape);
-  call->channel->reduce_scatter(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold_kind::sum);
+  call_keeping(
+      [&] { call->channel->reduce_scatter(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold_kind::sum); },
+      out, call->contiguous);
   return out;
 }
 
@@ -120,7 +127,8 @@ std::optional<xt::xarray<T>> all_to_all_across_processes(std::string_view verb, 
                                         tiled ? ", tiled" : ""));
   if (!call) return std::nullopt;
   auto out = uninitialized_array<T>(call->in.shape);  // chunk k of every member lands at k: same shape
-  call->channel->alltoall(call->in.data, out.data(), out.size() / call->channel->size() * sizeof(T));
+  call_keeping([&] { call->channel->alltoall(call->in.data, out.data(), out.size() / call->channel->size() * sizeof(T)); },
+               out, call->contiguous);
   return out;
 }
 
@@ -137,7 +145,9 @@ std::optional<xt::xarray<T>> ppermute_across_processes(std::string_view verb, co
     if (source == me) to = destination;
   auto out = uninitialized_array<T>(call->in.shape);
   if (from[static_cast<std::size_t>(me)] < 0) std::fill(out.begin(), out.end(), T{});
-  call->channel->sendrecv(call->in.data, to, out.data(), from[static_cast<std::size_t>(me)], out.size() * sizeof(T));
+  call_keeping(
+      [&] { call->channel->sendrecv(call->in.data, to, out.data(), from[static_cast<std::size_t>(me)], out.size() * sizeof(T)); },
+      out, call->contiguous);
   return out;
 }
 
