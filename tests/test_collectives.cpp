@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 using namespace namedax::literals;
@@ -526,5 +527,149 @@ TEST_SUITE("vectorized fast paths") {
         if (axis != 0) continue;  // the split axis keeps size n only when the view thins the last dim
         CHECK_BITWISE(namedax::vmap<"i">(swap, 0, 1)(every_other), namedax::pmap<"i">(swap, 0, 1)(every_other));
       }
+  }
+}
+
+namespace {
+/// One collective of the size-0 table: `make(axis)` is the mapped function over that axis;
+/// `per_index` the input's shape at each index; `result` JAX's result shape over an axis of size 0.
+struct empty_axis_case {
+  std::string name;
+  std::function<std::vector<std::size_t>()> vmapped, nested;  // result shapes under vmap<i>, pmap<i>(vmap<j>)
+  std::vector<std::size_t> result;
+};
+
+template <class Make>
+empty_axis_case empty_axis_entry(std::string name, Make make, std::vector<std::size_t> per_index,
+                                 std::vector<std::size_t> result) {
+  auto shape_of = [](const auto& r) { return std::vector<std::size_t>(r.shape().begin(), r.shape().end()); };
+  std::vector<std::size_t> outer = per_index, nested = per_index;
+  outer.insert(outer.begin(), 0);
+  nested.insert(nested.begin(), {2, 0});
+  return {name,
+          [=] { return shape_of(namedax::vmap<"i">(make("i"_ax))(xt::xarray<float>::from_shape(outer))); },
+          [=] { return shape_of(namedax::pmap<"i">(namedax::vmap<"j">(make("j"_ax)))(xt::xarray<float>::from_shape(nested))); },
+          result};
+}
+}  // namespace
+
+TEST_SUITE("degenerate sizes") {
+  TEST_CASE("every collective over a vmap axis of size 0 gives JAX's empty result, also inside pmap") {
+    using V = std::vector<std::size_t>;
+    const std::vector<empty_axis_case> table{
+        empty_axis_entry("psum", [](auto a) { return [a](auto x) { return namedax::psum(x, a); }; }, {4}, {0, 4}),
+        empty_axis_entry("pmean", [](auto a) { return [a](auto x) { return namedax::pmean(x, a); }; }, {4}, {0, 4}),
+        empty_axis_entry("pmax", [](auto a) { return [a](auto x) { return namedax::pmax(x, a); }; }, {4}, {0, 4}),
+        empty_axis_entry("pmin", [](auto a) { return [a](auto x) { return namedax::pmin(x, a); }; }, {4}, {0, 4}),
+        empty_axis_entry("psum grouped", [](auto a) { return [a](auto x) { return namedax::psum(x, a, {.axis_index_groups = {}}); }; },
+                         {4}, {0, 4}),
+        empty_axis_entry("pargmax", [](auto a) { return [a](auto x) { return namedax::pargmax(x, a); }; }, {4}, {0, 4}),
+        empty_axis_entry("pargmin", [](auto a) { return [a](auto x) { return namedax::pargmin(x, a); }; }, {4}, {0, 4}),
+        empty_axis_entry("all_gather", [](auto a) { return [a](auto x) { return namedax::all_gather(x, a); }; }, {4}, {0, 0, 4}),
+        empty_axis_entry("all_gather tiled", [](auto a) { return [a](auto x) { return namedax::all_gather(x, a, {.tiled = true}); }; },
+                         {4}, {0, 0}),
+        empty_axis_entry("psum_scatter", [](auto a) { return [a](auto x) { return namedax::psum_scatter(x, a); }; }, {0, 4}, {0, 4}),
+        empty_axis_entry("psum_scatter tiled",
+                         [](auto a) { return [a](auto x) { return namedax::psum_scatter(x, a, {.tiled = true}); }; }, {0, 4}, {0, 0, 4}),
+        empty_axis_entry("all_to_all", [](auto a) { return [a](auto x) { return namedax::all_to_all(x, a, 0, 1); }; }, {0, 4},
+                         {0, 4, 0}),
+        empty_axis_entry("all_to_all tiled",
+                         [](auto a) { return [a](auto x) { return namedax::all_to_all(x, a, 0, 1, {.tiled = true}); }; }, {0, 4},
+                         {0, 0, 0}),
+        empty_axis_entry("pswapaxes", [](auto a) { return [a](auto x) { return namedax::pswapaxes(x, a, 0); }; }, {0, 4}, {0, 0, 4}),
+        empty_axis_entry("ppermute", [](auto a) { return [a](auto x) { return namedax::ppermute(x, a, std::vector<std::pair<int, int>>{}); }; },
+                         {4}, {0, 4}),
+        empty_axis_entry("pshuffle", [](auto a) { return [a](auto x) { return namedax::pshuffle(x, a, std::vector<int>{}); }; }, {4},
+                         {0, 4}),
+        empty_axis_entry("axis_index", [](auto a) { return [a](auto) { return namedax::axis_index(a); }; }, {4}, {0}),
+        empty_axis_entry("pdot", [](auto a) { return [a](auto x) { return namedax::pdot(x, x, a, {{0}, {0}}); }; }, {4}, {0}),
+        empty_axis_entry("pgather", [](auto a) { return [a](auto x) { return namedax::pgather(x, xt::xarray<int>{0, 1}, a); }; }, {4},
+                         {0, 2, 4}),
+        empty_axis_entry("elementwise", [](auto) { return [](auto x) { return x * 2.f + 1.f; }; }, {4}, {0, 4}),
+    };
+    for (const auto& c : table) {
+      CAPTURE(c.name);
+      CHECK(c.vmapped() == c.result);
+      V nested = c.result;
+      nested.insert(nested.begin(), 2);
+      CHECK(c.nested() == nested);
+    }
+    auto einsum = [](auto x) { return namedax::xeinsum<"j{i},j{i}->">(x, x); };
+    CHECK(namedax::vmap<"i">(einsum)(xt::xarray<float>::from_shape({0, 4})).shape() == V{0});
+    // Tiled, the split dim must be a multiple of the axis size, and the only multiple of 0 is 0.
+    auto tiled = [](auto x) { return namedax::all_to_all(x, "i"_ax, 0, 0, {.tiled = true}); };
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(tiled)(xt::xarray<float>::from_shape({0, 4})); }) ==
+          "namedax::all_to_all: the size of split_axis 0 (4) must be divisible by the size of axis ('i',) (0)");
+    // pmap needs a device per index.
+    auto psum = [](auto x) { return namedax::psum(x, "i"_ax); };
+    CHECK(namedax_test::error_of([&] { namedax::pmap<"i">(psum)(xt::xarray<float>::from_shape({0, 4})); }) ==
+          "namedax::pmap<\"i\">: cannot map over zero devices");
+  }
+  TEST_CASE("a reduction over an empty positional axis gives the identity: 0, -inf / +inf, the lowest / largest integer") {
+    auto reduce = [](auto x) {
+      return std::tuple{namedax::psum(x, namedax::axes(0)), namedax::pmax(x, namedax::axes(0)), namedax::pmin(x, namedax::axes(0)),
+                        namedax::pmax(x, namedax::axes("i"_ax, 0)), namedax::pmin(x, namedax::axes("i"_ax, 0))};
+    };
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    for (auto [s, mx, mn, amx, amn] : {namedax::vmap<"i">(reduce)(xt::xarray<float>::from_shape({3, 0, 2})),
+                                       namedax::pmap<"i">(reduce)(xt::xarray<float>::from_shape({3, 0, 2}))}) {
+      CHECK_BITWISE(s, (xt::xarray<float>{{0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}}));
+      CHECK_BITWISE(mx, (xt::xarray<float>{{-inf, -inf}, {-inf, -inf}, {-inf, -inf}}));
+      CHECK_BITWISE(mn, (xt::xarray<float>{{inf, inf}, {inf, inf}, {inf, inf}}));
+      CHECK_BITWISE(amx, (xt::xarray<float>{{-inf, -inf}, {-inf, -inf}, {-inf, -inf}}));
+      CHECK_BITWISE(amn, (xt::xarray<float>{{inf, inf}, {inf, inf}, {inf, inf}}));
+    }
+    constexpr int lowest = std::numeric_limits<int>::lowest(), largest = std::numeric_limits<int>::max();
+    for (auto [s, mx, mn, amx, amn] : {namedax::vmap<"i">(reduce)(xt::xarray<int>::from_shape({2, 0})),
+                                       namedax::pmap<"i">(reduce)(xt::xarray<int>::from_shape({2, 0}))}) {
+      CHECK_BITWISE(s, (xt::xarray<int>{0, 0}));
+      CHECK_BITWISE(mx, (xt::xarray<int>{lowest, lowest}));
+      CHECK_BITWISE(mn, (xt::xarray<int>{largest, largest}));
+      CHECK_BITWISE(amx, (xt::xarray<int>{lowest, lowest}));
+      CHECK_BITWISE(amn, (xt::xarray<int>{largest, largest}));
+    }
+  }
+  TEST_CASE("integer sums wrap as JAX's do, in every mode and path, bit for bit") {
+    constexpr std::int32_t big = std::numeric_limits<std::int32_t>::max();
+    const std::int32_t wrapped = static_cast<std::int32_t>(std::uint32_t(big) * 3u + 5u);  // 3 (2^31 - 1) + 5, modulo 2^32
+    // Long enough for the batch loops, with the named axis first and last.
+    xt::xarray<std::int32_t> x = xt::xarray<std::int32_t>::from_shape({4, 37});
+    for (std::size_t k = 0; k < 37; ++k) x(0, k) = big, x(1, k) = big, x(2, k) = big, x(3, k) = 5;
+    auto f = [](auto x) { return namedax::psum(x, "i"_ax); };
+    xt::xarray<std::int32_t> expected = xt::xarray<std::int32_t>::from_shape({4, 37});
+    expected.fill(wrapped);
+    CHECK_BITWISE(namedax::vmap<"i">(f)(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x), expected);
+    xt::xarray<std::int32_t> xt_ = xt::transpose(x);
+    xt::xarray<std::int32_t> expected_t = xt::transpose(expected);
+    CHECK_BITWISE(namedax::vmap<"i">(f, 1, 1)(xt_), expected_t);
+    // Positional: the same sum over dim 0 of each index's (4, 37) block.
+    auto g = [](auto x) { return namedax::psum(x, namedax::axes(0)); };
+    auto stacked = xt::xarray<std::int32_t>(xt::stack(xt::xtuple(x, x)));
+    xt::xarray<std::int32_t> expected_g = xt::view(expected, xt::range(0, 2), xt::all());
+    CHECK_BITWISE(namedax::vmap<"i">(g)(stacked), expected_g);
+    CHECK_BITWISE(namedax::pmap<"i">(g)(stacked), expected_g);
+    // A value that does not vary: size * x wraps too.
+    auto h = [](auto, auto w) { return namedax::psum(w, "i"_ax); };
+    xt::xarray<std::int32_t> w{big};
+    const std::int32_t three_big = static_cast<std::int32_t>(std::uint32_t(big) * 3u);
+    auto expected_h = xt::xarray<std::int32_t>::from_shape({3, 1});
+    expected_h.fill(three_big);
+    for (auto r : {namedax::vmap<"i">(h, std::tuple{0, namedax::none})(xt::xarray<int>{0, 0, 0}, w),
+                   namedax::pmap<"i">(h, std::tuple{0, namedax::none})(xt::xarray<int>{0, 0, 0}, w)})
+      CHECK_BITWISE(r, expected_h);
+    auto scalar = [](auto x) { return x * 0 + namedax::psum(std::numeric_limits<std::int32_t>::max(), "i"_ax); };
+    CHECK(namedax::vmap<"i">(scalar)(xt::xarray<int>{0, 0, 0})(0) == three_big);
+    // Contractions: big * 3 + 5 * 1 over two indices of "i".
+    xt::xarray<std::int32_t> a{big, 5}, b{3, 1};
+    a.reshape({2, 1}), b.reshape({2, 1});
+    auto contract = [](auto a, auto b) {
+      return std::tuple{namedax::pdot(a, b, "i"_ax, {{0}, {0}}), namedax::xeinsum<"j{i},j{i}->">(a, b)};
+    };
+    const std::int32_t dot = static_cast<std::int32_t>(std::uint32_t(big) * 3u + 5u);
+    for (auto [d, e] : {namedax::vmap<"i">(contract)(a, b), namedax::pmap<"i">(contract)(a, b)}) {
+      CHECK_BITWISE(d, (xt::xarray<std::int32_t>{dot, dot}));
+      CHECK_BITWISE(e, (xt::xarray<std::int32_t>{dot, dot}));
+    }
   }
 }

@@ -110,6 +110,31 @@ TEST_SUITE("pgather") {
     CHECK_BITWISE(namedax::vmap<"i">(h)(src, idx), gathered);
     CHECK_BITWISE(namedax::pmap<"i">(h)(src, idx), gathered);
   }
+  TEST_CASE("names and positional axes flatten in the order written, like a tuple of names") {
+    xt::xarray<int> src{{0, 1, 2}, {10, 11, 12}};  // "i" of size 2, each index a row of 3
+    xt::xarray<int> idx{4, 1, 3, 6};               // 6 is out of range for 2 x 3
+    constexpr int lowest = std::numeric_limits<int>::lowest();
+    auto names_first = [&](auto row) { return namedax::pgather(row, idx, namedax::axes("i"_ax, 0)); };
+    auto positional_first = [&](auto row) { return namedax::pgather(row, idx, namedax::axes(0, "i"_ax)); };
+    // ("i", 0): index i * 3 + p; (0, "i"): index p * 2 + i.
+    xt::xarray<int> by_name{{11, 1, 10, lowest}, {11, 1, 10, lowest}}, by_position{{2, 10, 11, lowest}, {2, 10, 11, lowest}};
+    CHECK_BITWISE(namedax::vmap<"i">(names_first)(src), by_name);
+    CHECK_BITWISE(namedax::pmap<"i">(names_first)(src), by_name);
+    CHECK_BITWISE(namedax::vmap<"i">(positional_first)(src), by_position);
+    CHECK_BITWISE(namedax::pmap<"i">(positional_first)(src), by_position);
+  }
+  TEST_CASE("out of range, unsigned types read their largest value, as lax.gather fills") {
+    auto g = [](auto row) { return namedax::pgather(row, xt::xarray<int>{1, 7, -1}, namedax::axes(0)); };
+    xt::xarray<std::uint32_t> x{{5u, 6u}, {7u, 8u}};
+    constexpr std::uint32_t largest = std::numeric_limits<std::uint32_t>::max();
+    xt::xarray<std::uint32_t> expected{{6u, largest, largest}, {8u, largest, largest}};
+    CHECK_BITWISE(namedax::vmap<"i">(g)(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(g)(x), expected);
+    xt::xarray<std::uint8_t> bytes{{5, 6}, {7, 8}};
+    xt::xarray<std::uint8_t> expected_bytes{{6, 255, 255}, {8, 255, 255}};
+    CHECK_BITWISE(namedax::vmap<"i">(g)(bytes), expected_bytes);
+    CHECK_BITWISE(namedax::pmap<"i">(g)(bytes), expected_bytes);
+  }
   TEST_CASE("over two names row-major, in every placement of a 2-D mesh") {
     xt::xarray<double> x = xt::arange<double>(12).reshape({2, 3, 2});
     auto f = [](auto x) { return namedax::pgather(x, xt::xarray<int>{5, 1, 3}, namedax::axes("i"_ax, "j"_ax)); };

@@ -41,6 +41,16 @@ TEST_SUITE("maps") {
     CHECK_THROWS_WITH_AS(namedax::vmap<"i">(f, namedax::none)(w), doctest::Contains("pass axis_size"), namedax::error);
   }
 
+  TEST_CASE("an axis_size that contradicts the mapped arguments is an error naming both sizes") {
+    xt::xarray<float> x = xt::zeros<float>({4});
+    auto f = [](auto x) { return x + 1.f; };
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(f, 0, 0, 5)(x); }) ==
+          "namedax::vmap<\"i\">: the arguments give axis size 4 but axis_size is 5");
+    CHECK(namedax_test::error_of([&] { namedax::pmap<"i">(f, 0, 0, 5)(x); }) ==
+          "namedax::pmap<\"i\">: the arguments give axis size 4 but axis_size is 5");
+    CHECK(namedax::vmap<"i">(f, 0, 0, 4)(x).shape() == std::vector<std::size_t>{4});  // agreeing is fine
+  }
+
   TEST_CASE("mapped arguments of different sizes are an error naming both") {
     xt::xarray<float> a = xt::zeros<float>({4}), b = xt::zeros<float>({3});
     auto f = [](auto a, auto b) { return a + b; };

@@ -110,6 +110,35 @@ TEST_SUITE("named values") {
     CHECK_THROWS_WITH_AS(namedax::vmap<"i">(f)(x), doctest::Contains("is many values under vmap"), namedax::error);
   }
 
+  TEST_CASE("a broadcast whose element count overflows std::size_t is an error naming the shapes") {
+    constexpr std::size_t big = std::size_t{1} << 32;
+    auto f = [](auto x) { return x * xt::ones<float>({big, big}); };
+    xt::xarray<float> x{1.f, 2.f};
+    const std::string plain = "namedax: a value of shape (4294967296, 4294967296) has more elements than std::size_t "
+                              "counts; slice or reduce its operands first";
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(f)(x); }) == plain);
+    CHECK(namedax_test::error_of([&] { namedax::pmap<"i">(f)(x); }) == plain);
+    // Operands that fit in memory, whose broadcast does not: 2^21 x 2^22 x 2^21 elements.
+    auto a = xt::xarray<float>::from_shape({2, std::size_t{1} << 21, 1, 1});
+    auto b = xt::xarray<float>::from_shape({std::size_t{1} << 22, 1});
+    auto c = xt::xarray<float>::from_shape({std::size_t{1} << 21});
+    auto g = [](auto a, auto b, auto c) { return a * b * c; };
+    const std::string named = "namedax: operands of shapes (2097152, 4194304, 1) and (2097152,) broadcast to shape "
+                              "(2097152, 4194304, 2097152), which has more elements than std::size_t counts; slice or "
+                              "reduce an operand first";
+    const auto in_axes = std::tuple{0, namedax::none, namedax::none};
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(g, in_axes)(a, b, c); }) == named);
+    CHECK(namedax_test::error_of([&] { namedax::pmap<"i">(g, in_axes)(a, b, c); }) == named);
+    // 2^63 elements at each index, the same at both: stacked under vmap, 2^64.
+    auto same = [](auto, auto a, auto b, auto c) { return a * b * c; };
+    auto d = xt::xarray<float>::from_shape({std::size_t{1} << 21, 1, 1});
+    auto e = xt::xarray<float>::from_shape({std::size_t{1} << 21, 1});
+    const auto unmapped = std::tuple{0, namedax::none, namedax::none, namedax::none};
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(same, unmapped)(xt::xarray<float>{1.f, 2.f}, d, e, c); }) ==
+          "namedax::vmap<\"i\">: stacking 2 results of shape (2097152, 2097152, 2097152) gives more elements than "
+          "std::size_t counts; slice or reduce the results first");
+  }
+
   TEST_CASE("static sizes: a mismatch with the arguments is an error naming the sizes") {
     xt::xarray<float> x = xt::zeros<float>({5});
     auto f = [](auto x) { return x; };

@@ -69,6 +69,13 @@ struct axis_list {
   static_assert(detail::axes_are_distinct<Names...>,
                 "namedax::axes: an axis name is given twice; name each axis once");
   std::array<int, Positional> positional{};
+  /// How many names precede each positional axis as written: pgather flattens in that order.
+  /// Unless `axes` says otherwise, the names come first.
+  std::array<std::size_t, Positional> names_before = [] {
+    std::array<std::size_t, Positional> all_names{};
+    all_names.fill(sizeof...(Names));
+    return all_names;
+  }();
   static constexpr std::size_t named_count = sizeof...(Names);
 };
 
@@ -92,9 +99,10 @@ constexpr auto axes([[maybe_unused]] Args... args) {
   constexpr std::size_t positional = (std::size_t{std::is_integral_v<Args>} + ... + 0);
   using list = typename detail::make_axis_list<positional, detail::type_list<>, Args...>::type;
   list result;
-  [[maybe_unused]] std::size_t next = 0;
+  [[maybe_unused]] std::size_t next = 0, names = 0;
   ([&] {
-    if constexpr (std::is_integral_v<Args>) result.positional[next++] = static_cast<int>(args);
+    if constexpr (std::is_integral_v<Args>) result.names_before[next] = names, result.positional[next++] = static_cast<int>(args);
+    else ++names;
   }(), ...);
   return result;
 }

@@ -157,7 +157,7 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     using T = accumulate_t<K, V>;
     if constexpr (std::is_arithmetic_v<X>) {
       if constexpr (P > 0) fail("namedax::", verb, ": a scalar has no positional axes");
-      if constexpr (K == reduction::sum) return static_cast<T>(static_cast<T>(x) * static_cast<T>(size));
+      if constexpr (K == reduction::sum) return wrapping_multiply(static_cast<T>(x), static_cast<T>(size));
       else return static_cast<reduction_result_t<K, V>>(x);
     } else {
       xt::xarray<T> a = evaluate<T>(x);
@@ -165,9 +165,14 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
       float count = 1;
       for (auto d : dims) count *= static_cast<float>(a.shape()[d]);
       if (!dims.empty()) a = reduce_positional<T>(block_of(a), dims, reduction_op<K>());
-      if constexpr (K == reduction::sum) return xt::xarray<T>(a * static_cast<T>(size));
-      else if constexpr (K == reduction::mean) return xt::xarray<reduction_result_t<K, V>>(xt::cast<reduction_result_t<K, V>>(a) / count);
-      else return a;
+      if constexpr (K == reduction::sum) {
+        for (T& v : a) v = wrapping_multiply(v, static_cast<T>(size));
+        return a;
+      } else if constexpr (K == reduction::mean) {
+        return xt::xarray<reduction_result_t<K, V>>(xt::cast<reduction_result_t<K, V>>(a) / count);
+      } else {
+        return a;
+      }
     }
   }
 }
@@ -939,10 +944,11 @@ struct pdot_fn {
 };
 inline constexpr pdot_fn pdot{};
 
-/// Gathers along axes: each integer of `idx` is a row-major index over the named axes (in
-/// the order given) and then the positional ones; the result has idx's positional dims, then
-/// src's remaining ones. Named axes go beyond JAX: the source is read from whichever index
-/// (vmap slot or device) holds it. Out-of-range indices read NaN, the lowest integer, or true.
+/// Gathers along axes: each integer of `idx` is a row-major index over the named and
+/// positional axes in the order written (`axes(0, "i"_ax)`: position * size_i + i); the result
+/// has idx's positional dims, then src's remaining ones. Named axes go beyond JAX: the source
+/// is read from whichever index (vmap slot or device) holds it. Out-of-range indices read NaN,
+/// the lowest signed or the largest unsigned integer, or true.
 ///   pgather(table, ids, "shard"_ax)  // a sharded embedding lookup
 struct pgather_fn {
   static constexpr std::string_view name = "pgather";
@@ -983,7 +989,7 @@ struct pgather_fn {
     constexpr axis_mask names_mask = Env::template mask_of<Names...>();
     constexpr bool idx_varies = (detail::mask_of<I>() & names_mask & Env::vectorized_mask) != 0;
     const auto axes = detail::describe_named_axes<decltype(lifted), Names...>(name);
-    auto out = detail::pgather_rule<T, Index>(name, std::move(block), src_rank, axes, dims, index,
+    auto out = detail::pgather_rule<T, Index>(name, std::move(block), src_rank, axes, dims, list.names_before, index,
                                              index.shape.size() - Env::vectorized_count, idx_varies);
     constexpr axis_mask varying = (S::varying & ~names_mask) | detail::mask_of<I>();
     return detail::make_named<detail::shared_array<T>, Env, varying>(detail::share_array<T>(std::move(out)));

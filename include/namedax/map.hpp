@@ -125,6 +125,9 @@ inline stacked_layout stack_layout(std::string_view verb, std::string_view name,
     if (k == o) l.shape.push_back(count);
     if (k < slab.size()) l.shape.push_back(slab[k]);
   }
+  if (element_count_overflows(l.shape))
+    fail("namedax::", verb, "<\"", name, "\">: stacking ", count, " results of shape ", slab,
+         " gives more elements than std::size_t counts; slice or reduce the results first");
   l.slab_strides = row_major_strides(l.shape);
   l.slot_step = l.slab_strides[o];
   l.slab_strides.erase(l.slab_strides.begin() + static_cast<std::ptrdiff_t>(o));
@@ -219,6 +222,8 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
            " processes; the number of processes must be a multiple of the axis size");
     size = given;
   }
+  if (size && axis_size && *size != axis_size)  // JAX raises too; ignoring either would map the wrong size
+    fail("namedax::", verb, "<\"", A::name, "\">: the arguments give axis size ", *size, " but axis_size is ", axis_size);
   if (!size) {
     if (axis_size == 0)
       fail("namedax::", verb, "<\"", A::name, "\">: no argument is mapped, so the axis size is unknown; pass axis_size");

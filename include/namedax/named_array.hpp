@@ -290,6 +290,8 @@ template <class T = void, class Expr>
 auto evaluate(const Expr& e) {
   using value = std::conditional_t<std::is_void_v<T>, typename std::decay_t<Expr>::value_type, T>;
   const std::vector<std::size_t> shape(e.shape().begin(), e.shape().end());
+  if (element_count_overflows(shape))
+    fail("namedax: a value of shape ", shape, " has more elements than std::size_t counts; slice or reduce its operands first");
   auto out = uninitialized_array<value>(shape);
   evaluate_into<value>(e, shape, out.data(), row_major_strides(shape));
   return out;
@@ -484,6 +486,26 @@ void tree_for_each(const X& x, F&& f) {
   else f(x);
 }
 
+/// Checks that the broadcast of a new elementwise node's operands can be counted, naming
+/// their positional shapes (the payload's, without the `vectorized` dims at its end) if not.
+template <class E>
+void check_broadcast_count(const E& e, std::size_t vectorized) {
+  if (!element_count_overflows(e.shape())) return;
+  auto positional = [vectorized](const auto& shape) {
+    return std::vector<std::size_t>(shape.begin(), shape.end() - static_cast<std::ptrdiff_t>(vectorized));
+  };
+  std::vector<std::vector<std::size_t>> shapes;
+  auto add = [&](const auto& operand) {
+    if constexpr (!is_xscalar<std::decay_t<decltype(operand)>>) shapes.push_back(positional(operand.shape()));
+  };
+  std::apply([&](const auto&... operands) { (add(operands), ...); }, e.arguments());
+  std::string operands;
+  for (std::size_t k = 0; k < shapes.size(); ++k)
+    operands += message(k == 0 ? "" : k + 1 == shapes.size() ? " and " : ", ", shapes[k]);
+  fail("namedax: operands of shapes ", operands, " broadcast to shape ", positional(e.shape()),
+       ", which has more elements than std::size_t counts; slice or reduce an operand first");
+}
+
 /// Applies an xtensor elementwise function to operands, broadcasting by name.
 template <class Fn, class... Xs>
 auto elementwise(Fn fn, const Xs&... xs) {
@@ -500,6 +522,7 @@ auto elementwise(Fn fn, const Xs&... xs) {
     using Env = typename merged_env<env<>, Xs...>::type;
     constexpr axis_mask varying = (mask_of<Xs>() | ...);
     auto e = fn(payload_in<Env>(xs)...);
+    if constexpr (is_xfunction<decltype(e)>) check_broadcast_count(e, Env::vectorized_count);
     return make_named<decltype(e), Env, varying>(std::move(e));
   }
 }

@@ -18,13 +18,15 @@ inline std::size_t positional_axis(std::string_view verb, std::string_view what,
 }
 
 /// The length of one of `g` chunks of positional dim `dim` (named `what` = `axis` by the
-/// user): untiled, the dim must have exactly `g` elements; tiled, a multiple of `g`.
+/// user): untiled, the dim must have exactly `g` elements; tiled, a multiple of `g` (the only
+/// multiple of 0, for a vmap axis of size 0, is 0: then chunks are empty).
 inline std::size_t chunk_length(std::string_view verb, std::string_view what, int axis, std::size_t size,
                                 std::size_t g, bool tiled, std::span<const named_axis> axes, bool grouped) {
-  if (tiled ? size % g != 0 : size != g)
+  const bool divisible = g == 0 ? size == 0 : size % g == 0;
+  if (tiled ? !divisible : size != g)
     fail("namedax::", verb, ": the size of ", what, " ", axis, " (", size, ") must ", tiled ? "be divisible by" : "equal",
          " the size of axis ", describe_axes(axes), " (", g, grouped ? " in each group" : "", ")");
-  return size / g;
+  return g == 0 ? 0 : size / g;
 }
 
 /// A block without dimension `dim`, at index `index` along it.

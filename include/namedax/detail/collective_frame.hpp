@@ -285,6 +285,7 @@ class collective_frame {
   /// the same for every rank (`all == false`), just the first.
   template <class F>
   void for_each_owned(bool all, F&& f) const {
+    if (total_ == 0) return;  // an axis of size 0 has no member, so no rank owns an output
     dims_t c(axes_.size()), sizes(axes_.size(), 1);
     for (std::size_t k = 0; k < axes_.size(); ++k) {
       c[k] = axes_[k].place == placement::devices ? axes_[k].index : 0;

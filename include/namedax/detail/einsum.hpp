@@ -43,7 +43,7 @@ xt::xarray<R> einsum_product(std::string_view verb, std::span<const strided_bloc
         contracted += c, contracted_shape.push_back(size[static_cast<std::size_t>(c - 'a')]);
   for (std::size_t v = 0; v < vec; ++v) {
     std::size_t n = 1;
-    for (const auto& b : blocks) n = std::max(n, b.shape[b.shape.size() - vec + v]);
+    for (const auto& b : blocks) n = broadcast_extent(n, b.shape[b.shape.size() - vec + v]);
     shape.push_back(n);
   }
   auto out = xt::xarray<R>::from_shape(shape);
@@ -78,8 +78,8 @@ xt::xarray<R> einsum_product(std::string_view verb, std::span<const strided_bloc
                     for (std::size_t c = 0; c < contracted_size; ++c) {
                       R product{1};
                       for (std::size_t k = 0; k < blocks.size(); ++k)
-                        product = static_cast<R>(product * blocks[k].data[base[k][e] + along[k][c]]);
-                      acc = static_cast<R>(acc + product);
+                        product = wrapping_multiply(product, blocks[k].data[base[k][e] + along[k][c]]);
+                      acc = wrapping_add(acc, product);  // integers wrap, as JAX's do
                     }
                     out.data()[e] = acc;
                   }

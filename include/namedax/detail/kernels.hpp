@@ -76,14 +76,44 @@ template <class T>
 inline constexpr bool has_batch =
     !std::is_same_v<T, bool> && xsimd::types::has_simd_register<T, xsimd::default_arch>::value;
 
+/// The unsigned type in which integers of type T wrap: signed overflow is undefined in C++, and
+/// narrow types would be promoted to int (whose products overflow); at least unsigned int.
+template <class T>
+using wrapping_t = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+
+/// a + b; integers wrap as JAX's do (computed in wrapping_t, then converted back, which C++20
+/// defines as modular), with the bits of the batches' wrapping adds.
+template <class T>
+constexpr T wrapping_add(T a, T b) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    using U = wrapping_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return static_cast<T>(a + b);
+  }
+}
+/// a * b, wrapping the same way: `size * x` for a sum over copies of x.
+template <class T>
+constexpr T wrapping_multiply(T a, T b) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    using U = wrapping_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  } else {
+    return static_cast<T>(a * b);
+  }
+}
+
 // Each operation on two scalars, and on two batches (the kernels' SIMD loops). The batch form
 // gives the scalar form's bits lane by lane, except where the second operand holds a NaN:
 // `checks_nan` operations leave that to the kernels, which redo such lanes with the scalar
 // form, so that the common case is one instruction instead of a chain of selects.
+// `identity<T>()` is the result of an operation over no members, as XLA's reductions give it.
 struct sum_op {
   static constexpr bool checks_nan = false;
   template <class T>
-  T operator()(T a, T b) const { return static_cast<T>(a + b); }
+  T operator()(T a, T b) const { return wrapping_add(a, b); }
+  template <class T>
+  static constexpr T identity() { return T{}; }
 };
 // max and min propagate NaN, as XLA's do: a NaN already folded in stays (comparisons with it
 // are false), a new one replaces the result. Written as selects, without an early return, so
@@ -95,6 +125,11 @@ struct max_op {
     const T larger = a < b ? b : a;
     if constexpr (std::is_floating_point_v<T>) return b != b ? b : larger;
     else return larger;
+  }
+  template <class T>
+  static constexpr T identity() {
+    if constexpr (std::numeric_limits<T>::has_infinity) return -std::numeric_limits<T>::infinity();
+    else return std::numeric_limits<T>::lowest();
   }
   template <class T, class A>
   xsimd::batch<T, A> operator()(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) const {
@@ -112,6 +147,11 @@ struct min_op {
     const T smaller = b < a ? b : a;
     if constexpr (std::is_floating_point_v<T>) return b != b ? b : smaller;
     else return smaller;
+  }
+  template <class T>
+  static constexpr T identity() {
+    if constexpr (std::numeric_limits<T>::has_infinity) return std::numeric_limits<T>::infinity();
+    else return std::numeric_limits<T>::max();
   }
   template <class T, class A>
   xsimd::batch<T, A> operator()(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) const {
@@ -433,6 +473,22 @@ void fold_members(std::span<const T* const> members, std::span<const std::size_t
                   }
                 });
 }
+
+/// Whether the number of elements of `shape` overflows std::size_t: lazy operands broadcast
+/// together can describe more elements than can be counted, and the count would wrap.
+template <class Shape>
+bool element_count_overflows(const Shape& shape) {
+  if (std::find(std::begin(shape), std::end(shape), std::size_t{0}) != std::end(shape)) return false;
+  std::size_t count = 1;
+  for (std::size_t extent : shape) {
+    if (count > std::numeric_limits<std::size_t>::max() / extent) return true;
+    count *= extent;
+  }
+  return false;
+}
+
+/// The extent of two extents broadcast together (equal, or one of them 1): 0 with 1 is 0.
+constexpr std::size_t broadcast_extent(std::size_t a, std::size_t b) { return a == 1 ? b : a; }
 
 /// Row-major strides, 0 for dimensions of size 1 so that they broadcast when read.
 inline strides_t row_major_strides(std::span<const std::size_t> shape) {

@@ -52,7 +52,7 @@ xt::xarray<T> dot_general(std::string_view verb, const strided_block<X>& x, std:
     if (!y_used[b]) shape.push_back(y.shape[b]), xs.push_back(0), ys.push_back(y.strides[b]);
   for (std::size_t v = 0; v + x_rank < x.shape.size(); ++v) {
     const std::size_t nx = x.shape[x_rank + v], ny = y.shape[y_rank + v];
-    shape.push_back(std::max(nx, ny));
+    shape.push_back(broadcast_extent(nx, ny));
     xs.push_back(nx == 1 ? 0 : x.strides[x_rank + v]);
     ys.push_back(ny == 1 ? 0 : y.strides[y_rank + v]);
   }
@@ -80,7 +80,8 @@ xt::xarray<T> dot_general(std::string_view verb, const strided_block<X>& x, std:
   for (std::size_t e = 0; e < out.size(); ++e) {
     T acc{};
     for (std::size_t c = 0; c < contract_size; ++c)
-      acc = static_cast<T>(acc + static_cast<T>(x.data[x_base[e] + x_offsets[c]]) * static_cast<T>(y.data[y_base[e] + y_offsets[c]]));
+      acc = wrapping_add(acc, wrapping_multiply(static_cast<T>(x.data[x_base[e] + x_offsets[c]]),
+                                                static_cast<T>(y.data[y_base[e] + y_offsets[c]])));  // integers wrap
     out.data()[e] = acc;
   }
   return out;

@@ -32,8 +32,8 @@ xt::xarray<T> reduce_positional(const strided_block<T>& a, std::span<const std::
                   for (std::size_t k = 0; k < n; ++k) members.push_back(a.data + i + static_cast<std::ptrdiff_t>(k) * is);
                 });
   xt::xarray<T> out = xt::xarray<T>::from_shape(kept);
-  if (members.empty()) {  // a reduction over an empty dimension gives the identity; only sums allow it
-    std::fill(out.begin(), out.end(), T{});
+  if (members.empty()) {  // a reduction over an empty dimension gives the identity (-inf for a max), as XLA's do
+    std::fill(out.begin(), out.end(), Op::template identity<T>());
     return out;
   }
   fold_members<T>(members, kept, kept_strides, out.data(), row_major_strides(kept), op);
@@ -54,7 +54,7 @@ void fold_group(std::span<const T* const> members, const strided_block<T>& eleme
                 [&](std::ptrdiff_t, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t, std::ptrdiff_t os) {
                   for (std::size_t k = 0; k < n; ++k) {
                     T& v = target[o + static_cast<std::ptrdiff_t>(k) * os];
-                    v = static_cast<T>(v * size);
+                    v = wrapping_multiply(v, size);
                   }
                 });
 }
@@ -82,6 +82,10 @@ std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, 
   const auto out_strides = row_major_strides(out.shape());
   const auto divisor_strides = row_major_strides(divisor.shape());
   xt::svector<const T*, 16> members;
+  if (frame.total() == 0) {  // an axis of size 0: no member, the identity (and pmean's 0 / 0)
+    std::fill(out.begin(), out.end(), Op::template identity<T>());
+    std::fill(divisor.begin(), divisor.end(), 0.f);
+  }
   frame.for_each_owned(varies, [&](std::size_t rank) {
     T* target = out.data() + frame.vectorized_offset(rank, out_strides, positional_rank);
     const auto& group = frame.groups().members[frame.groups().group_of[rank]];
