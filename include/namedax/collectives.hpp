@@ -649,28 +649,25 @@ auto permute_leaf(const X& x, type_list<Names...> names, PairsOf pairs_of) {
   if constexpr (NamedValue<X>) {
     using Env = typename X::env_type;
     using T = typename X::value_type;
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(x.payload())>, shared_array<T>>) {
-      require_bound<Verb, Env, Names...>();
-      const auto axes = describe_named_axes<X, Names...>(Verb::name);
-      if (const auto threads = thread_axes(axes))
-        return make_named<shared_array<T>, Env, X::varying | Env::template mask_of<Names...>()>(std::get<0>(
-            permute_by_reference<T>(Verb::name, std::tuple{&x.payload()}, axes, *threads, pairs_of(std::span<const named_axis>(axes)))));
+    require_bound<Verb, Env, Names...>();
+    const auto axes = describe_named_axes<X, Names...>(Verb::name);
+    // The path depends on what every device agrees on, never on how this device holds its
+    // operand: a lazy or strided one is evaluated first, as the rule would copy it anyway.
+    if (const auto threads = thread_axes(axes)) {
+      const auto owned = namedax::eval(x);
+      return make_named<shared_array<T>, Env, X::varying | Env::template mask_of<Names...>()>(std::get<0>(
+          permute_by_reference<T>(Verb::name, std::tuple{&owned.payload()}, axes, *threads, pairs_of(std::span<const named_axis>(axes)))));
     }
   }
   return collective_leaf<Verb, false, false>(x, names, moved);
 }
 
-/// Whether every leaf of node X is an array in memory that varies along every name: then the
-/// leaves can be moved among device threads in one exchange.
+/// Whether every leaf of node X is a named value that varies along every name: then the
+/// leaves, evaluated, can be moved among device threads in one exchange. The types say it,
+/// never how a device holds a leaf, so that every device takes the same path.
 template <class X, class... Names>
 constexpr bool node_movable_by_reference(type_list<Names...>) {
-  return every_child<X>([]<class L>(std::type_identity<L>) {
-    if constexpr (varies_along_all<L, Names...>())
-      return std::is_same_v<std::remove_cvref_t<decltype(std::declval<const L&>().payload())>,
-                            shared_array<typename L::value_type>>;
-    else
-      return false;
-  });
+  return every_child<X>([]<class L>(std::type_identity<L>) { return varies_along_all<L, Names...>(); });
 }
 
 /// ppermute and pshuffle of a node movable by reference, over device-thread axes alone: one
@@ -692,7 +689,8 @@ auto permute_node(const X& x, type_list<Names...>, PairsOf pairs_of) {
     const auto axes = describe_named_axes<first, Names...>(Verb::name);
     const auto threads = thread_axes(axes);
     if (!threads) return out;
-    auto moved = permute_by_reference(Verb::name, std::tuple{&std::get<I>(children(x)).payload()...}, axes, *threads,
+    const auto owned = std::tuple{namedax::eval(std::get<I>(children(x)))...};
+    auto moved = permute_by_reference(Verb::name, std::tuple{&std::get<I>(owned).payload()...}, axes, *threads,
                                       pairs_of(std::span<const named_axis>(axes)));
     out.emplace(make_like<X>(typed(std::tuple_element_t<I, leaf>{}, std::move(std::get<I>(moved)))...));
     return out;

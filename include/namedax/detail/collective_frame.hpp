@@ -11,6 +11,8 @@
 
 #include <xtensor/xarray.hpp>
 
+#include <climits>
+#include <complex>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -30,13 +32,25 @@ struct named_axis {
   std::size_t index;  // this device's index (device axes)
 };
 
-/// The element type in the user's words, for messages.
+template <class T>
+inline constexpr bool is_complex_v = false;
+template <class T>
+inline constexpr bool is_complex_v<std::complex<T>> = true;
+
+/// The element type in JAX's spelling, for signatures and messages: every type its own name
+/// (int8 and int16 must not meet in one exchange as one "int").
 template <class T>
 constexpr std::string_view dtype_name() {
+  constexpr std::size_t bits = sizeof(T) * CHAR_BIT;
   if constexpr (std::is_same_v<T, bool>) return "bool";
-  else if constexpr (std::is_floating_point_v<T>) return sizeof(T) == 4 ? "float32" : sizeof(T) == 8 ? "float64" : "float";
-  else if constexpr (std::is_signed_v<T>) return sizeof(T) == 4 ? "int32" : sizeof(T) == 8 ? "int64" : "int";
-  else return sizeof(T) == 4 ? "uint32" : sizeof(T) == 8 ? "uint64" : "uint";
+  else if constexpr (is_complex_v<T>) return bits == 64 ? "complex64" : bits == 128 ? "complex128" : "complex256";
+  else if constexpr (std::is_floating_point_v<T>)
+    return bits == 16 ? "float16" : bits == 32 ? "float32" : bits == 64 ? "float64" : "float128";
+  else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>)
+    return bits == 8 ? "int8" : bits == 16 ? "int16" : bits == 32 ? "int32" : bits == 64 ? "int64" : "int128";
+  else if constexpr (std::is_integral_v<T>)
+    return bits == 8 ? "uint8" : bits == 16 ? "uint16" : bits == 32 ? "uint32" : bits == 64 ? "uint64" : "uint128";
+  else static_assert(always_false<T>, "namedax: collectives take bool, integer, floating-point or complex elements");
 }
 
 /// Appends the axes as JAX prints a tuple of names: "('i',)", "('i', 'j')".
@@ -368,7 +382,8 @@ class collective_frame {
       call_keeping([&] { channel.allgather(mine.data(), gathered_.data(), mine.size() * sizeof(T)); }, gathered_, mine);
     }
     payloads.release();
-    exchange_.emplace(join(threads), payloads.rank() == 0 ? gathered_.data() : nullptr, std::move(call));
+    exchange_.emplace(join(threads), payloads.rank() == 0 ? gathered_.data() : nullptr, std::move(call), 0,
+                      exchange_form::process_funnel);
   }
 
   [[nodiscard]] dims_t coordinates(std::size_t rank) const {

@@ -199,7 +199,8 @@ inline void launch_devices(std::string_view name, std::size_t n, device_body bod
     // An arena of this map's own, as wide as it has devices: TBB wakes that many workers for
     // it, not a worker for every slot of a wide shared arena (idle workers spin).
     allow_many_devices();
-    arena.emplace(static_cast<int>(std::min<std::size_t>(n, 256)), 0);
+    // At most 255 slots: the global limit of 256 counts this thread, and TBB warns beyond it.
+    arena.emplace(static_cast<int>(std::min<std::size_t>(n, 255)), 0);
     for (starting = 0; starting < n; ++starting) {
       if (before_device_start) before_device_start(starting, false);
       arena->enqueue([run, d = starting] { run(d); });

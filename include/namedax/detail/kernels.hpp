@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <namedax/detail/buffers.hpp>
+#include <namedax/detail/fault.hpp>
 
 #include <xtensor/xarray.hpp>
 #include <xsimd/xsimd.hpp>
@@ -37,6 +38,7 @@ using strides_t = xt::svector<std::ptrdiff_t, 8>;
 /// 4 KiB (about 0.2 s on virtual machines), against 32 of 2 MiB.
 template <class T>
 xt::xarray<T> uninitialized_array(std::span<const std::size_t> shape) {
+  at_fault_point(fault_point::allocation, {});
   xt::xarray<T> a = empty_array<T>();
   if (reuse_array(shape, a)) return a;  // pages already touched: no faults at all
   a.resize(shape);
