@@ -600,6 +600,17 @@ TEST_SUITE("degenerate sizes") {
     auto tiled = [](auto x) { return namedax::all_to_all(x, "i"_ax, 0, 0, {.tiled = true}); };
     CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(tiled)(xt::xarray<float>::from_shape({0, 4})); }) ==
           "namedax::all_to_all: the size of split_axis 0 (4) must be divisible by the size of axis ('i',) (0)");
+    // An index named over an axis of size 0 is out of range, and the message says no index is valid.
+    const auto empty = xt::xarray<float>::from_shape({0, 4});
+    auto moved = [](auto x) { return namedax::ppermute(x, "i"_ax, {{0, 1}}); };
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(moved)(empty); }) ==
+          "namedax::ppermute: the pair (0, 1) is out of range for axis ('i',) of size 0; the axis has no index");
+    auto shuffled = [](auto x) { return namedax::pshuffle(x, "i"_ax, {0}); };
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(shuffled)(empty); }) ==
+          "namedax::pshuffle: (0,) is not a permutation of no index for axis ('i',) of size 0");
+    auto grouped = [](auto x) { return namedax::psum(x, "i"_ax, {.axis_index_groups = {{0}}}); };
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(grouped)(empty); }).find(
+              "contain index 0, which is out of range; the axis has no index") != std::string::npos);
     // pmap needs a device per index.
     auto psum = [](auto x) { return namedax::psum(x, "i"_ax); };
     CHECK(namedax_test::error_of([&] { namedax::pmap<"i">(psum)(xt::xarray<float>::from_shape({0, 4})); }) ==

@@ -415,15 +415,18 @@ TEST_SUITE("devices") {
     const xt::xarray<int> x = {1, 10}, ys = xt::arange<int>(3);
     static std::atomic<std::size_t> most{0};
     most = 0;
-    auto inner = [](auto x, auto y) { return namedax::eval(namedax::psum(x * y, "j"_ax) + namedax::psum(x * y, "i"_ax)); };
-    auto f = [&](auto x) {
-      for (int run = 0; run < 20; ++run) {
-        namedax::pmap<"j">(inner, std::tuple{namedax::none, 0})(x, ys);
-        namedax::detail::world& w = *namedax::detail::find_frame("i")->shared;
-        std::lock_guard guard(w.lock);
-        for (std::size_t now = w.communicators.size(), seen = most; now > seen && !most.compare_exchange_weak(seen, now);) {
-        }
+    // Counted by the inner devices once they met in their run's communicators, so that the count
+    // cannot miss them; at most the other outer device's next run has begun meanwhile.
+    auto inner = [](auto x, auto y) {
+      auto out = namedax::eval(namedax::psum(x * y, "j"_ax) + namedax::psum(x * y, "i"_ax));
+      namedax::detail::world& w = *namedax::detail::find_frame("i")->shared;
+      std::lock_guard guard(w.lock);
+      for (std::size_t now = w.communicators.size(), seen = most; now > seen && !most.compare_exchange_weak(seen, now);) {
       }
+      return out;
+    };
+    auto f = [&](auto x) {
+      for (int run = 0; run < 20; ++run) namedax::pmap<"j">(inner, std::tuple{namedax::none, 0})(x, ys);
       return namedax::eval(x);
     };
     namedax::pmap<"i">(f)(x);

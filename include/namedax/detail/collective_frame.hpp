@@ -98,6 +98,11 @@ inline const group_layout& ungrouped(std::size_t total) {
   return *made.back();
 }
 
+/// How to name an index of an axis of `total` indices, for messages about one out of range.
+inline std::string valid_indices(std::size_t total) {
+  return total == 0 ? std::string("the axis has no index") : message("use indices 0..", total - 1);
+}
+
 /// Checks that `groups` partition 0..total-1 (and have equal sizes where the collective needs it).
 inline group_layout make_groups(std::string_view verb, std::span<const named_axis> axes,
                                 const std::optional<groups_t>& groups, std::size_t total, bool equal_sizes) {
@@ -113,7 +118,7 @@ inline group_layout make_groups(std::string_view verb, std::span<const named_axi
     std::vector<std::size_t> ranks;
     for (int i : group) {
       if (i < 0 || static_cast<std::size_t>(i) >= total)
-        fail(where, " contain index ", i, ", which is out of range; use indices 0..", total - 1);
+        fail(where, " contain index ", i, ", which is out of range; ", valid_indices(total));
       const auto r = static_cast<std::size_t>(i);
       if (g.group_of[r] != total) fail(where, " contain index ", i, " twice; every index must be in exactly one group");
       g.group_of[r] = g.members.size(), g.position_of[r] = ranks.size();

@@ -29,7 +29,7 @@ inline std::span<const long> senders(std::string_view verb, std::span<const name
     for (int i : {source, destination})
       if (i < 0 || static_cast<std::size_t>(i) >= total)
         fail("namedax::", verb, ": the pair (", source, ", ", destination, ") is out of range for axis ",
-             describe_axes(axes), " of size ", total, "; use indices 0..", total - 1);
+             describe_axes(axes), " of size ", total, "; ", valid_indices(total));
     if (sends[static_cast<std::size_t>(source)])
       fail("namedax::", verb, ": source ", source, " appears twice in the permutation over axis ", describe_axes(axes),
            " of size ", total, "; each index may send once");
@@ -55,7 +55,8 @@ inline permutation_t shuffle_pairs(std::string_view verb, std::span<const named_
     if (valid) seen[static_cast<std::size_t>(p)] = true;
   }
   if (!valid)
-    fail("namedax::", verb, ": ", message(perm), " is not a permutation of 0..", total - 1, " for axis ",
+    fail("namedax::", verb, ": ", message(perm), " is not a permutation of ",
+         total == 0 ? std::string("no index") : message("0..", total - 1), " for axis ",
          describe_axes(axes), " of size ", total);
   permutation_t pairs;
   for (std::size_t i = 0; i < perm.size(); ++i) pairs.emplace_back(perm[i], static_cast<int>(i));
