@@ -435,6 +435,22 @@ TEST_SUITE("devices") {
     CHECK(largest <= 2 * 5);  // this run's and at most the next one's
   }
 
+  TEST_CASE("an outer device that starts its next inner pmap late is not taken for one that left") {
+    // While device i=1's next run waits for device i=0's, the records of i=0's last run (same
+    // paths, finished) must not read as devices that returned without meeting it.
+    const xt::xarray<int> x = {1, 10}, ys = xt::arange<int>(3);
+    auto inner = [](auto x, auto y) { return namedax::eval(namedax::psum(x * y, "i"_ax)); };
+    auto f = [&](auto x) {
+      auto run = [&] {
+        if (namedax::axis_index("i"_ax) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        return namedax::pmap<"j">(inner, std::tuple{namedax::none, 0})(x, ys);
+      };
+      (void)run(), (void)run();
+      return namedax::eval(run());
+    };
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x), (xt::xarray<int>{{0, 11, 22}, {0, 11, 22}}));
+  }
+
   TEST_CASE("a map that rebinds the axis of an enclosing map is an error") {
     // Over plain data the inner map's types do not show the outer axis (with named arguments
     // it does not compile: see compile_fail/axis_bound_twice.cpp, pmap_axis_bound_twice.cpp).

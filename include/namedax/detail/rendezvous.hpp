@@ -245,8 +245,10 @@ inline std::optional<std::string> sleep_until_released(const membership& m, std:
     std::lock_guard guard(w.lock);
     for (std::size_t r = 0; r < c.size && !trouble; ++r) {
       if (c.arrivals[r].generation.load(std::memory_order_relaxed) == gen + 1) continue;
+      // Records are found by path, which an inner pmap's runs share: a finished record of an
+      // earlier run means that this run's member has not started yet, not that it left.
       auto it = w.devices.find(c.member_paths[r]);
-      if (it != w.devices.end() && it->second->now == device_record::state::finished)
+      if (it != w.devices.end() && it->second->launches == me.launches && it->second->now == device_record::state::finished)
         trouble = message("device ", c.member_paths[r], " returned from the mapped function while device ", me.path,
                           " waits in ", what, "; every device must make the same collective calls");
     }
