@@ -24,7 +24,7 @@ if [ -f "$prefix/share/cmake/namedax/namedaxMpiTargets.cmake" ]; then
   cmake --build build/deploy/mpi_consumer
   mpirun_flags=(--oversubscribe --bind-to none --mca btl self,vader)
   [ "$(id -u)" -eq 0 ] && mpirun_flags+=(--allow-run-as-root)
-  mpirun "${mpirun_flags[@]}" -np 2 build/deploy/mpi_consumer/namedax_mpi_consumer
+  timeout 300 mpirun "${mpirun_flags[@]}" -np 2 build/deploy/mpi_consumer/namedax_mpi_consumer  # a hang fails the run
 fi
 # The same program, built with the flags of the installed namedax.pc.
 if command -v pkg-config >/dev/null; then
