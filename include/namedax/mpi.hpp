@@ -548,6 +548,7 @@ auto pmap(F f, InAxes in_axes = 0, int out_axes = 0, std::size_t axis_size = 0) 
           "mpi::pmap", f, in_axes, out_axes, axis_size, grid.get(), args...);
     } catch (...) {
       grid->raise_everywhere(std::current_exception());
+      throw;  // not reached (raise_everywhere rethrows); GCC does not see [[noreturn]] through the virtual call
     }
   };
 }
