@@ -200,6 +200,12 @@ struct mesh {
   std::string notice;           // what this process sent, kept until every send completes
   std::vector<char> heard_from;  // by world rank: whose notice this process has received
   bool interrupted = false;     // a notice stopped a call here: this process must still meet the failing one
+  // Every process makes the same agreements in the same order (each is one call on the world),
+  // so their count names a point of the program on every process; and whether the call that
+  // follows the last one completed here. A notice carries both, so that a process waiting in a
+  // call the failed process had completed does not give that call up (it will complete).
+  std::uint64_t agreements = 0;
+  bool call_done = false;
   // The collective this process is in (for messages), set by each agreement.
   const grid* caller = nullptr;
   std::string_view what;
@@ -228,7 +234,7 @@ struct mesh {
 
   /// Tells every other process that this one failed (`where`, `text`), without waiting.
   void send_notices(const std::string& where, std::string_view text) {
-    notice = message(where, '\x02', text);
+    notice = message(agreements, '\x03', call_done ? 1 : 0, '\x03', where, '\x02', text);
     for (std::size_t r = 0; r < size; ++r)
       if (r != rank) {
         MPI_Request request;
@@ -330,11 +336,11 @@ class grid final : public process_grid {
 
   void agree(std::string_view signature, std::string_view what) override {
     if (agree_on_every_collective()) agree_always(signature, what);
-    else mesh_->caller = this, mesh_->what = what;
+    else mesh_->caller = this, mesh_->what = what, ++mesh_->agreements, mesh_->call_done = false;
   }
 
   void agree_always(std::string_view signature, std::string_view what) override {
-    mesh_->caller = this, mesh_->what = what;
+    mesh_->caller = this, mesh_->what = what, ++mesh_->agreements, mesh_->call_done = false;
     const std::uint64_t mine = fingerprint_of(signature);
     std::uint64_t seen[2] = {mine, ~mine};  // max and ~min over the processes: equal when all agree
     check(MPI_Allreduce(MPI_IN_PLACE, seen, 2, MPI_UINT64_T, MPI_MAX, mesh_->world), "MPI_Allreduce");
@@ -463,16 +469,27 @@ inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view c
   MPI_Status status;
   // Spin first (a small call completes within microseconds), then yield the core to the
   // other processes and threads on it.
+  std::string notice;
   for (unsigned polls = 0;; ++polls) {
     check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), call);
-    if (done) return;
+    if (done) {
+      m.call_done = true;
+      return;
+    }
     check(MPI_Iprobe(MPI_ANY_SOURCE, 0, m.notices, &noticed, &status), "MPI_Iprobe");
-    if (noticed) break;
+    if (noticed) {
+      // A process failed. Unless it had completed this very call (it failed after it, before
+      // the next agreement, where every process learns of it), this call may never complete.
+      notice = m.receive_notice(status.MPI_SOURCE);
+      const auto first = notice.find('\x03'), second = notice.find('\x03', first + 1);
+      const std::uint64_t at = std::stoull(notice.substr(0, first));
+      const bool completed = notice[first + 1] == '1';
+      notice.erase(0, second + 1);
+      if (at < m.agreements || (at == m.agreements && !completed)) break;
+    }
     if (polls > 256) std::this_thread::yield();
   }
-  // Another process failed: this call may never complete. It stays pending (its communicator
-  // is dropped at the agreement that settles the failure).
-  const std::string notice = m.receive_notice(status.MPI_SOURCE);
+  // This call stays pending (its communicator is dropped at the agreement that settles the failure).
   const auto cut = notice.find('\x02');
   m.interrupted = true;
   throw collective_error(message(m.what.empty() ? std::string_view("namedax::mpi") : m.what, " on process ",

@@ -695,6 +695,43 @@ TEST_SUITE("fault injection on one process") {
   }
 }
 
+namespace {
+/// Makes process 2 late to its call, after the agreement: its partners wait meanwhile.
+void delay_process_2(namedax::detail::fault_point point, std::string_view) {
+  if (point == namedax::detail::fault_point::exchanged && world_rank == 2)
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+}
+}  // namespace
+
+TEST_SUITE("fault injection on one process") {
+  TEST_CASE("a process that fails after completing a call does not cut that call short on the others") {
+    // Process 1 completes its ppermute (from process 0) and then throws, while process 3 still
+    // waits for the late process 2: process 3's call must complete, and the failure reach it at
+    // the next agreement. A notice that stopped it would also cross into a later collective.
+    if (processes < 4) return;
+    const xt::xarray<float> x = xt::arange<float>(static_cast<float>(processes * 2)).reshape({processes, std::size_t{2}});
+    bool returned = false;
+    auto f = [&](auto v) {
+      auto moved = namedax::eval(namedax::ppermute(v, "i"_ax, {{0, 1}, {2, 3}}));
+      returned = true;
+      if (world_rank == 1) throw std::runtime_error("process 1 fails after its ppermute");
+      return moved;
+    };
+    namedax::detail::fault_injection() = &delay_process_2;
+    std::string what = "no error";
+    try {
+      (void)namedax::mpi::pmap<"i">(f)(x);
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    namedax::detail::fault_injection() = nullptr;
+    CAPTURE(world_rank);
+    CAPTURE(what);
+    CHECK(returned);
+    CHECK(what.find("process 1 fails after its ppermute") != std::string::npos);
+  }
+}
+
 TEST_SUITE("differential") {
   // Random shapes, axis sizes (divisors of the number of processes), groups and permutations,
   // the same on every process (one seed).
