@@ -245,9 +245,7 @@ auto fused_reduction(const X& x, const std::optional<groups_t>& groups, Applies 
   std::optional<result> out;
   const auto axes = describe_named_axes<first, Names...>(Verb::name);
   if (!applies(std::span<const named_axis>(axes))) return out;
-  auto storage = []<std::size_t... I>(std::index_sequence<I...>) {
-    return std::array<xt::xarray<T>, count>{(void(I), empty_array<T>())...};  // no element allocated
-  }(std::make_index_sequence<count>{});
+  auto storage = empty_arrays<T, count>();
   auto reduced = reduce(std::span<const named_axis>(axes), leaf_blocks<T>(x, storage));
   if (!reduced) return out;
   out.emplace([&]<std::size_t... I>(std::index_sequence<I...>) {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <utility>
 #include <vector>
 
 namespace namedax::detail {
@@ -28,6 +29,14 @@ inline constexpr std::size_t recycled_arrays_max = 64;
 template <class T>
 xt::xarray<T> empty_array() {
   return xt::xarray<T>::from_shape(std::array<std::size_t, 1>{0});
+}
+
+/// K empty arrays, without an element allocated (for storage that a call may or may not use).
+template <class T, std::size_t K>
+std::array<xt::xarray<T>, K> empty_arrays() {
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array<xt::xarray<T>, K>{(void(I), empty_array<T>())...};
+  }(std::make_index_sequence<K>{});
 }
 
 /// Blocks of `Size` bytes recycled through free lists of bounded length: one per thread

@@ -113,9 +113,7 @@ std::optional<std::pair<std::array<std::shared_ptr<xt::xarray<T>>, K>, std::size
   if (bytes == 0) return std::nullopt;
   // Which path a call takes depends only on what every device agrees on (the signature): a
   // device whose leaf is a strided view copies it, so that every member offers the same form.
-  auto contiguous = []<std::size_t... I>(std::index_sequence<I...>) {
-    return std::array<xt::xarray<T>, K>{(void(I), empty_array<T>())...};  // no element allocated
-  }(std::make_index_sequence<K>{});
+  auto contiguous = empty_arrays<T, K>();
   for (std::size_t k = 0; k < K; ++k) make_row_major(leaves[k], contiguous[k]);
   // Devices must agree on every leaf's shape, not only on the total.
   thread_local std::string shapes;
