@@ -467,9 +467,9 @@ inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view c
   mesh& m = *current_mesh();
   int done = 0, noticed = 0;
   MPI_Status status;
+  std::string notice;
   // Spin first (a small call completes within microseconds), then yield the core to the
   // other processes and threads on it.
-  std::string notice;
   for (unsigned polls = 0;; ++polls) {
     check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), call);
     if (done) {

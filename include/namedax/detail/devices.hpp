@@ -182,8 +182,9 @@ inline void launch_devices(std::string_view name, std::size_t n, device_body bod
           shared->first_error = std::current_exception(), shared->first_error_is_abort = aborted,
           shared->error_note = message(" (thrown on device ", record->path, ")", shared->recent_collectives());
         record->now = device_record::state::failed;
-        shared->poison(message("device ", record->path, " threw: ", what));
-        if (root && !aborted) shared->reason = message("device ", record->path, " threw: ", what);
+        const std::string why = message("device ", record->path, " threw: ", what);
+        shared->poison(why);
+        if (root && !aborted) shared->reason = why;  // the devices still waiting are told the cause
       }
     }
     leave(*record, true);
