@@ -94,4 +94,65 @@ xt::xarray<T> random_array(std::mt19937& rng, const std::vector<std::size_t>& sh
   return a;
 }
 
+/// The reference of an operation per index: `ref` applied to the slices of `args` at every
+/// index of their `Leading` leading dims, the results stacked along those dims (what a map of
+/// the operation must give).
+template <std::size_t Leading, class Ref, class First, class... Args>
+auto per_index(Ref ref, const First& first, const Args&... args) {
+  static_assert(Leading == 1 || Leading == 2);
+  auto at = [&](const auto&... index) {
+    // The slices outlive the expression `ref` returns, which may refer to them; evaluated into
+    // an xarray, since xt::eval picks a fixed rank from the shape type's capacity, wrongly.
+    auto slices = std::tuple{xt::xarray<typename First::value_type>(xt::view(first, index...)),
+                             xt::xarray<typename Args::value_type>(xt::view(args, index...))...};
+    auto r = std::apply(ref, slices);
+    return xt::xarray<typename decltype(r)::value_type>(r);
+  };
+  using R = decltype(at(std::size_t{0}, std::size_t{0}));
+  std::vector<R> parts;
+  const std::size_t outer = first.shape()[0], inner = Leading == 2 ? first.shape()[1] : 1;
+  for (std::size_t a = 0; a < outer; ++a)
+    for (std::size_t b = 0; b < inner; ++b) parts.push_back(Leading == 2 ? at(a, b) : at(a));
+  std::vector<std::size_t> shape{outer};
+  if (Leading == 2) shape.push_back(inner);
+  const auto& part = parts.at(0);
+  shape.insert(shape.end(), part.shape().begin(), part.shape().end());
+  xt::xarray<typename R::value_type> out = xt::xarray<typename R::value_type>::from_shape(shape);
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    REQUIRE(parts[k].shape() == part.shape());
+    std::copy(parts[k].begin(), parts[k].end(), out.begin() + static_cast<std::ptrdiff_t>(k * part.size()));
+  }
+  return out;
+}
+
+/// Checks that `f`, mapped over the leading dims of `args` in every placement, gives `ref`
+/// applied per index, bit for bit: vmap and pmap over "i" (dim 0), and the 2-D meshes "i" x
+/// "j" (dims 0 and 1) as vmap of vmap, pmap of pmap, vmap of pmap and pmap of vmap.
+/// `args` need two leading dims; each placement is named in the failure it reports.
+template <class F, class Ref, class... Args>
+void check_every_placement(F f, Ref ref, const Args&... args) {
+  using namedax::pmap;
+  using namedax::vmap;
+  const auto one = per_index<1>(ref, args...);
+  const auto two = per_index<2>(ref, args...);
+  auto check = [](std::string placement, const auto& got, const auto& expected) {
+    INFO("placement: ", placement);
+    CHECK_BITWISE(got, expected);
+  };
+  check("vmap<i>", vmap<"i">(f)(args...), one);
+  check("pmap<i>", pmap<"i">(f)(args...), one);
+  check("vmap<i>(vmap<j>)", vmap<"i">(vmap<"j">(f))(args...), two);
+  check("pmap<i>(pmap<j>)", pmap<"i">(pmap<"j">(f))(args...), two);
+  check("vmap<i>(pmap<j>)", vmap<"i">(pmap<"j">(f))(args...), two);
+  check("pmap<i>(vmap<j>)", pmap<"i">(vmap<"j">(f))(args...), two);
+}
+
+/// A random shape of `rank` dims, each of 1 to `largest` elements.
+inline std::vector<std::size_t> random_shape(std::mt19937& rng, std::size_t rank, std::size_t largest = 5) {
+  std::uniform_int_distribution<std::size_t> extent(1, largest);
+  std::vector<std::size_t> shape(rank);
+  for (auto& e : shape) e = extent(rng);
+  return shape;
+}
+
 }  // namespace namedax_test

@@ -915,9 +915,18 @@ inline constexpr pmin_with_index_fn pmin_with_index{};
 struct pdot_fn {
   static constexpr std::string_view name = "pdot";
   template <class X, class Y, AxisArgument A>
-    requires((NamedValue<X> || NamedValue<Y>) && !std::is_arithmetic_v<X> && !std::is_arithmetic_v<Y>)
+    requires((NamedOperand<X> || NamedOperand<Y>) && !std::is_arithmetic_v<X> && !std::is_arithmetic_v<Y>)
   auto operator()(const X& x, const Y& y, const A& axes, const detail::dimension_pairs& pos_contract = {},
                   const detail::dimension_pairs& pos_batch = {}) const {
+    return detail::when_resolved(
+        [axes, pos_contract, pos_batch](const auto& a, const auto& b) { return contract(a, b, axes, pos_contract, pos_batch); },
+                                 x, y);
+  }
+
+ private:
+  template <class X, class Y, class A>
+  static auto contract(const X& x, const Y& y, const A& axes, const detail::dimension_pairs& pos_contract,
+                       const detail::dimension_pairs& pos_batch) {
     using Env = typename detail::merged_env<env<>, X, Y>::type;
     [&]<class... Names>(detail::type_list<Names...>) {
       detail::require_bound<pdot_fn, Env, Names...>();
@@ -949,9 +958,10 @@ inline constexpr pdot_fn pdot{};
 struct pgather_fn {
   static constexpr std::string_view name = "pgather";
   template <class S, class I, AxisArgument A>
-    requires(NamedValue<S> && (NamedValue<I> || PlainValue<I>))
+    requires(NamedOperand<S> && Operand<I>)
   auto operator()(const S& src, const I& idx, const A& axes) const {
-    return gather(src, idx, detail::to_axis_list(axes));
+    return detail::when_resolved([list = detail::to_axis_list(axes)](const auto& s, const auto& i) { return gather(s, i, list); },
+                                 src, idx);
   }
 
  private:

@@ -506,25 +506,52 @@ void check_broadcast_count(const E& e, std::size_t vectorized) {
        ", which has more elements than std::size_t counts; slice or reduce an operand first");
 }
 
-/// Applies an xtensor elementwise function to operands, broadcasting by name.
-template <class Fn, class... Xs>
-auto elementwise(Fn fn, const Xs&... xs) {
+/// Calls `op` with the operands once each is a named value or a plain one. An operand that
+/// waits for its environment (`axis_index`) is resolved in the environment of the named
+/// operands; when none is named, the result waits too, for every name the operands await.
+/// Every operation on named values goes through here, so each accepts `axis_index` values.
+template <class Op, class... Xs>
+auto when_resolved(Op op, const Xs&... xs) {
   if constexpr ((DeferredValue<Xs> || ...)) {
     if constexpr ((NamedValue<Xs> || ...)) {
       using Env = typename merged_env<env<>, Xs...>::type;
-      return elementwise(fn, resolve_in<Env>(xs)...);
+      return op(resolve_in<Env>(xs)...);
     } else {
-      auto later = [fn, xs...]<class Env>(Env) { return elementwise(fn, resolve_in<Env>(xs)...); };
+      auto later = [op, xs...]<class Env>(Env) { return op(resolve_in<Env>(xs)...); };
       using names = names_awaited_t<Xs...>;
       return typename deferred_from<decltype(later), names>::type{later};
     }
   } else {
-    using Env = typename merged_env<env<>, Xs...>::type;
-    constexpr axis_mask varying = (mask_of<Xs>() | ...);
-    auto e = fn(payload_in<Env>(xs)...);
-    if constexpr (is_xfunction<decltype(e)>) check_broadcast_count(e, Env::vectorized_count);
-    return make_named<decltype(e), Env, varying>(std::move(e));
+    return op(xs...);
   }
+}
+
+/// Applies `fn(Env{}, payloads...)` to the operands' payloads expressed in their merged
+/// environment Env (positional dims, then Env's vectorized dims, size 1 where an operand does
+/// not vary): the batching rule of a positional operation, which must leave the trailing
+/// `Env::vectorized_count` dims in place. The result varies along every operand's names.
+template <class Fn, class... Xs>
+auto on_payloads(Fn fn, const Xs&... xs) {
+  return when_resolved(
+      [fn](const auto&... ys) {
+        using Env = typename merged_env<env<>, std::remove_cvref_t<decltype(ys)>...>::type;
+        constexpr axis_mask varying = (mask_of<decltype(ys)>() | ...);
+        auto e = fn(Env{}, payload_in<Env>(ys)...);
+        return make_named<decltype(e), Env, varying>(std::move(e));
+      },
+      xs...);
+}
+
+/// Applies an xtensor elementwise function to operands, broadcasting by name.
+template <class Fn, class... Xs>
+auto elementwise(Fn fn, const Xs&... xs) {
+  return on_payloads(
+      [fn]<class Env>(Env, auto&&... payloads) {
+        auto e = fn(std::forward<decltype(payloads)>(payloads)...);
+        if constexpr (is_xfunction<decltype(e)>) check_broadcast_count(e, Env::vectorized_count);
+        return e;
+      },
+      xs...);
 }
 }  // namespace detail
 
@@ -621,27 +648,38 @@ auto cast(const X& x) {
 
 /// Inserts a positional dimension of size 1 at `axis` (NumPy's expand_dims), so that a
 /// vector broadcasts against a matrix along its rows: `expand_dims(r, 1) * X`.
-template <NamedValue X>
+template <NamedOperand X>
 auto expand_dims(const X& x, int axis) {
-  using value = typename X::value_type;
-  xt::xarray<value> a = detail::evaluate(x.payload());
-  const int rank = static_cast<int>(x.dimension());
-  const int at = axis < 0 ? axis + rank + 1 : axis;
-  if (at < 0 || at > rank)
-    detail::fail("namedax::expand_dims: axis ", axis, " is out of range for a value of positional rank ", rank);
-  std::vector<std::size_t> shape(a.shape().begin(), a.shape().end());
-  shape.insert(shape.begin() + at, 1);
-  a.reshape(shape);
-  return detail::make_named<detail::shared_array<value>, typename X::env_type, X::varying>(detail::share_array(std::move(a)));
+  return detail::when_resolved(
+      [axis]<class Y>(const Y& y) {
+        using value = typename Y::value_type;
+        xt::xarray<value> a = detail::evaluate(y.payload());
+        const int rank = static_cast<int>(y.dimension());
+        const int at = axis < 0 ? axis + rank + 1 : axis;
+        if (at < 0 || at > rank)
+          detail::fail("namedax::expand_dims: axis ", axis, " is out of range for a value of positional rank ", rank);
+        std::vector<std::size_t> shape(a.shape().begin(), a.shape().end());
+        shape.insert(shape.begin() + at, 1);
+        a.reshape(shape);
+        return detail::make_named<detail::shared_array<value>, typename Y::env_type, Y::varying>(
+            detail::share_array(std::move(a)));
+      },
+      x);
 }
 
 /// Evaluates a lazy named expression into a named value that owns its data, like `xt::eval`.
-template <NamedValue X>
+/// A value waiting for its environment (`eval(axis_index("i"_ax) * 2)`) is evaluated where it
+/// meets one: in the environment of the map that uses or returns it.
+template <NamedOperand X>
 auto eval(const X& x) {
-  using value = typename X::value_type;
-  using result = named<detail::shared_array<value>, typename X::env_type, X::varying>;
-  if constexpr (std::is_same_v<X, result>) return x;  // already owns its data, which no one changes: share it
-  else return result(detail::share_array(detail::evaluate(x.payload())));
+  return detail::when_resolved(
+      []<class Y>(const Y& y) {
+        using value = typename Y::value_type;
+        using result = named<detail::shared_array<value>, typename Y::env_type, Y::varying>;
+        if constexpr (std::is_same_v<Y, result>) return y;  // already owns its data, which no one changes: share it
+        else return result(detail::share_array(detail::evaluate(y.payload())));
+      },
+      x);
 }
 
 }  // namespace namedax

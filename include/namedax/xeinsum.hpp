@@ -84,7 +84,7 @@ struct xeinsum_fn {
   using spec = detail::einsum_spec<Spec>;
 
   template <class... Xs>
-    requires((NamedValue<Xs> || PlainValue<Xs>) && ...)
+    requires(Operand<Xs> && ...)
   auto operator()(const Xs&... xs) const {
     // A malformed spec is reported by its own diagnostic alone: nothing else is checked or run.
     if constexpr (detail::einsum_parsed<Spec>.error != detail::einsum_error::none) {
@@ -93,7 +93,8 @@ struct xeinsum_fn {
       static_assert(sizeof...(Xs) == spec::operand_count,
                     "namedax::xeinsum: the spec names a different number of operands than were given; give one "
                     "operand per comma-separated input spec");
-      return run(std::make_index_sequence<sizeof...(Xs)>{}, xs...);
+      return detail::when_resolved(
+          [](const auto&... ys) { return run(std::make_index_sequence<sizeof...(Xs)>{}, ys...); }, xs...);
     }
   }
 
