@@ -150,4 +150,42 @@ TEST_SUITE("named values") {
     CHECK_THROWS_WITH_AS(static4_devices(x), doctest::Contains("static size 4 but the arguments give 5"),
                          namedax::error);
   }
+
+  TEST_CASE("rebinding: an owning value takes updates in a loop, widening, in both modes") {
+    xt::xarray<float> xs = xt::arange<float>(12).reshape({4, 3});
+    auto f = [](auto x) {
+      auto acc = namedax::eval(x * 0.f);  // varies along "i", owns its data
+      for (int k = 0; k < 3; ++k) acc += x;
+      acc = namedax::psum(acc, "i"_ax);  // the same along "i": widens
+      acc = acc + namedax::cast<float>(namedax::axis_index("i"_ax));
+      acc *= 2.f;
+      acc -= 1.f;
+      acc /= 2.f;
+      return acc;
+    };
+    // 3 * column sums + i, then * 2 - 1, / 2.
+    xt::xarray<float> expected = xt::xarray<float>::from_shape({4, 3});
+    const float sums[] = {54.f, 66.f, 78.f};
+    for (std::size_t i = 0; i < 4; ++i)
+      for (std::size_t j = 0; j < 3; ++j) expected(i, j) = ((sums[j] + static_cast<float>(i)) * 2.f - 1.f) / 2.f;
+    auto [a, b] = namedax_test::both_modes(f, xs);
+    CHECK_BITWISE(a, expected);
+    CHECK_BITWISE(b, expected);
+  }
+
+  TEST_CASE("rebinding replaces the data, never writes it: a value sharing it keeps its own") {
+    xt::xarray<float> xs = xt::arange<float>(4);
+    auto f = [](auto x) {
+      auto a = namedax::eval(x);
+      auto b = a;  // shares a's data
+      b += 10.f;
+      b = 5.f;  // a scalar: b becomes a scalar of a's element type
+      return std::tuple{a, b};
+    };
+    auto [v, p] = namedax_test::both_modes(f, xs);
+    CHECK_BITWISE(std::get<0>(v), xs);
+    CHECK_BITWISE(std::get<0>(p), xs);
+    CHECK_BITWISE(std::get<1>(v), xt::xarray<float>({5.f, 5.f, 5.f, 5.f}));
+    CHECK_BITWISE(std::get<1>(p), xt::xarray<float>({5.f, 5.f, 5.f, 5.f}));
+  }
 }

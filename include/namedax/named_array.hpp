@@ -101,7 +101,40 @@ class named {
   }
   explicit operator bool() const { return static_cast<bool>(value()); }
 
+  /// Rebinding, for loops that update a value (`acc = acc + y`, `acc = namedax::psum(acc, "i"_ax)`):
+  /// a value that owns its data (what namedax::eval returns) takes any value of its element
+  /// type (or a scalar) that varies along no name it does not; one that varies along fewer
+  /// widens, as pvary does. The data is replaced, never written in place, since other values
+  /// may share it. Other values' types record the expression that computes them, so they
+  /// cannot be rebound: the first error line says to hold the variable with namedax::eval.
+  template <Operand R>
+    requires(!std::is_same_v<R, named>)
+  named& operator=(const R& r) {
+    rebind(r);
+    return *this;
+  }
+  /// `acc += y` is `acc = acc + y`, and so on, on a value that owns its data.
+  template <Operand R>
+  named& operator+=(const R& r) {
+    return *this = *this + r;
+  }
+  template <Operand R>
+  named& operator-=(const R& r) {
+    return *this = *this - r;
+  }
+  template <Operand R>
+  named& operator*=(const R& r) {
+    return *this = *this * r;
+  }
+  template <Operand R>
+  named& operator/=(const R& r) {
+    return *this = *this / r;
+  }
+
  private:
+  template <class R>
+  void rebind(const R& r);  // defined below, where the helpers it uses are
+
   E payload_;
 };
 
@@ -645,6 +678,45 @@ auto cast(const X& x) {
   return detail::elementwise([](auto&& a) { return xt::cast<T>(NAMEDAX_FWD(a)); }, x);
 }
 #undef NAMEDAX_FWD
+
+namespace detail {
+template <class E>
+inline constexpr bool owns_its_data = false;
+template <class T>
+inline constexpr bool owns_its_data<shared_array<T>> = true;
+
+// Named so that a failing static_assert prints both masks (bit k: axis k of the environment).
+template <axis_mask Variable, axis_mask Assigned>
+inline constexpr bool variable_covers_names = (Assigned & ~Variable) == 0;
+template <class Variable, class Assigned>
+inline constexpr bool same_element_type = std::is_same_v<Variable, Assigned>;
+}  // namespace detail
+
+template <class E, class Env, axis_mask Varying>
+template <class R>
+void named<E, Env, Varying>::rebind(const R& r) {
+  static_assert(detail::owns_its_data<E>,
+                "namedax: this value's type records the expression that computes it, so it cannot be rebound; hold a "
+                "variable that changes in a value that owns its data: `auto acc = namedax::eval(x);`, then `acc = ...` "
+                "or `acc += ...`");
+  if constexpr (detail::owns_its_data<E>) {
+    const auto& y = detail::resolve_in<Env>(r);
+    using Y = std::remove_cvref_t<decltype(y)>;
+    static_assert(detail::variable_covers_names<Varying, detail::mask_of<Y>()>,
+                  "namedax: the value assigned varies along a name the variable does not vary along; make the variable "
+                  "vary along it: `auto acc = namedax::eval(namedax::pvary(x, \"i\"_ax));`");
+    if constexpr (std::is_arithmetic_v<Y>) {
+      auto a = detail::uninitialized_array<value_type>(std::vector<std::size_t>(Env::vectorized_count, 1));
+      a.fill(static_cast<value_type>(y));
+      payload_ = detail::share_array(std::move(a));
+    } else {
+      static_assert(detail::same_element_type<value_type, detail::value_type_of_t<Y>>,
+                    "namedax: the value assigned has another element type than the variable; convert it with "
+                    "namedax::cast<T>(...)");
+      payload_ = detail::share_array(detail::evaluate<value_type>(detail::payload_in<Env>(y)));
+    }
+  }
+}
 
 /// Inserts a positional dimension of size 1 at `axis` (NumPy's expand_dims), so that a
 /// vector broadcasts against a matrix along its rows: `expand_dims(r, 1) * X`.

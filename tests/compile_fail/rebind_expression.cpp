@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: MIT
+// A mapped argument's type records the view it reads, so `x = psum(x, ...)` cannot rebind it;
+// the first error line says to hold the variable in an owning value.
+// expect-error: namedax: this value's type records the expression that computes it, so it cannot be rebound; hold a variable that changes in a value that owns its data
+#include <namedax/namedax.hpp>
+
+using namespace namedax::literals;
+
+int main() {
+  xt::xarray<float> xs = xt::arange<float>(4);
+  auto f = [](auto x) {
+    x = namedax::psum(x, "i"_ax);
+    return x;
+  };
+  auto result = namedax::vmap<"i">(f)(xs);
+  (void)result;
+}
