@@ -16,6 +16,7 @@
 #include <namedax/detail/process_rules.hpp>
 #include <namedax/detail/psum_scatter.hpp>
 #include <namedax/detail/reduction.hpp>
+#include <namedax/elementwise.hpp>
 #include <namedax/named_array.hpp>
 
 #include <xtensor/xnoalias.hpp>

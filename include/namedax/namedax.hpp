@@ -4,6 +4,7 @@
 
 #include <namedax/axis.hpp>
 #include <namedax/collectives.hpp>
+#include <namedax/elementwise.hpp>
 #include <namedax/error.hpp>
 #include <namedax/map.hpp>
 #include <namedax/named_array.hpp>
