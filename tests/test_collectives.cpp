@@ -214,6 +214,40 @@ TEST_SUITE("reductions") {
       CHECK_BITWISE(d, shifted);
     }
   }
+  TEST_CASE("axis_index values are accepted by every collective, contraction, gather and eval") {
+    xt::xarray<float> zeros = xt::zeros<float>({4});
+    auto f = [](auto) {
+      auto i = namedax::axis_index("i"_ax);
+      auto row = i * xt::xarray<std::int32_t>{1, 1, 1, 1};  // (4,): [i, i, i, i], still waiting for "i"
+      return std::tuple{namedax::all_gather(i, "i"_ax),
+                        namedax::ppermute(i, "i"_ax, {{0, 1}, {1, 2}, {2, 3}, {3, 0}}),
+                        namedax::pshuffle(i, "i"_ax, {1, 2, 3, 0}),
+                        namedax::all_to_all(row, "i"_ax, 0, 0),
+                        namedax::psum_scatter(row, "i"_ax),
+                        namedax::xeinsum<"j,j->">(row, row),
+                        namedax::pdot(row, row, "i"_ax, {{0}, {0}}),
+                        namedax::pgather(row, i, namedax::axes(0)),
+                        namedax::eval(namedax::expand_dims(i, 0) * 2),
+                        namedax::pargmax(i, "i"_ax),
+                        namedax::pmean(i, "i"_ax)};
+    };
+    const xt::xarray<std::int32_t> gathered{{0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}};
+    xt::xarray<std::int32_t> doubled = xt::xarray<std::int32_t>::from_shape({4, 1});
+    for (int d = 0; d < 4; ++d) doubled(d, 0) = 2 * d;
+    for (const auto& r : {namedax::vmap<"i">(f)(zeros), namedax::pmap<"i">(f)(zeros)}) {
+      CHECK_BITWISE(std::get<0>(r), gathered);
+      CHECK_BITWISE(std::get<1>(r), (xt::xarray<std::int32_t>{3, 0, 1, 2}));
+      CHECK_BITWISE(std::get<2>(r), (xt::xarray<std::int32_t>{1, 2, 3, 0}));
+      CHECK_BITWISE(std::get<3>(r), gathered);  // index d gets element d of every index's row
+      CHECK_BITWISE(std::get<4>(r), (xt::xarray<std::int32_t>{6, 6, 6, 6}));
+      CHECK_BITWISE(std::get<5>(r), (xt::xarray<std::int32_t>{0, 4, 16, 36}));
+      CHECK_BITWISE(std::get<6>(r), (xt::xarray<std::int32_t>{56, 56, 56, 56}));  // 4 * (0 + 1 + 4 + 9)
+      CHECK_BITWISE(std::get<7>(r), (xt::xarray<std::int32_t>{0, 1, 2, 3}));
+      CHECK_BITWISE(std::get<8>(r), doubled);
+      CHECK_BITWISE(std::get<9>(r), (xt::xarray<std::int32_t>{3, 3, 3, 3}));
+      CHECK_BITWISE(std::get<10>(r), (xt::xarray<float>{1.5f, 1.5f, 1.5f, 1.5f}));
+    }
+  }
   TEST_CASE("groups with uneven sizes: pmean divides by the caller's own group size") {
     xt::xarray<float> x{1.f, 2.f, 3.f, 4.f, 6.f};
     auto f = [](auto x) { return namedax::pmean(x, "i"_ax, {.axis_index_groups = {{0, 2}, {3, 1, 4}}}); };
