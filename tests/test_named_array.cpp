@@ -3,6 +3,8 @@
 // that outlive their operands, and SPMD values.
 #include "test_support.hpp"
 
+#include <xtensor/xtensor.hpp>
+
 using namespace namedax::literals;
 
 TEST_SUITE("named values") {
@@ -187,5 +189,24 @@ TEST_SUITE("named values") {
     CHECK_BITWISE(std::get<0>(p), xs);
     CHECK_BITWISE(std::get<1>(v), xt::xarray<float>({5.f, 5.f, 5.f, 5.f}));
     CHECK_BITWISE(std::get<1>(p), xt::xarray<float>({5.f, 5.f, 5.f, 5.f}));
+  }
+
+  TEST_CASE("a mapped fixed-rank argument keeps its rank in its type, with the same results") {
+    xt::xtensor<float, 3> fixed = xt::arange<float>(24).reshape({2, 3, 4});
+    xt::xarray<float> dynamic = fixed;
+    auto f = [](auto x) {
+      // 2 from the xtensor (its rank 3 less the mapped dim), unknown from the xarray.
+      constexpr std::size_t rank = namedax::detail::static_positional_rank<decltype(x)>();
+      static_assert(rank == 2 || rank == namedax::dynamic_extent);
+      return namedax::expand_dims(namedax::psum(x * 2.f, "i"_ax) + x, namedax::dim<1>);
+    };
+    auto g = [](auto x) {
+      // An argument of an inner map is the outer value evaluated: its rank is known at run time.
+      static_assert(namedax::detail::static_positional_rank<decltype(x * x)>() == namedax::dynamic_extent);
+      return namedax::psum(x, "j"_ax) * x;
+    };
+    CHECK_BITWISE(namedax::vmap<"i">(f)(fixed), namedax::vmap<"i">(f)(dynamic));
+    CHECK_BITWISE(namedax::pmap<"i">(f)(fixed), namedax::vmap<"i">(f)(dynamic));
+    CHECK_BITWISE(namedax::vmap<"i">(namedax::pmap<"j">(g))(fixed), namedax::pmap<"i">(namedax::vmap<"j">(g))(dynamic));
   }
 }

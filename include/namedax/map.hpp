@@ -61,16 +61,48 @@ inline std::size_t canonical_axis(std::string_view verb, std::string_view name, 
   return static_cast<std::size_t>(d);
 }
 
+/// The dims of a mapped view: a std::array when the payload's rank is known at compile time
+/// (a fixed-rank argument such as xt::xtensor<float, 2>), so that its type says its rank.
+template <std::size_t Rank, class T>
+class view_dims {
+ public:
+  void push_back(T v) { dims_[size_++] = v; }
+  auto take() && { return dims_; }
+
+ private:
+  std::array<T, Rank> dims_{};
+  std::size_t size_ = 0;
+};
+template <class T>
+class view_dims<dynamic_extent, T> {
+ public:
+  void push_back(T v) { dims_.push_back(v); }
+  auto take() && { return std::move(dims_); }
+
+ private:
+  xt::dynamic_shape<T> dims_;
+};
+
+/// The rank of the payload a mapped argument of type X gets, when its type fixes it: its own
+/// positional dims (less the mapped one), then the environment's vectorized dims.
+template <class X, bool Mapped, class Inner>
+constexpr std::size_t mapped_payload_rank() {
+  if constexpr (PlainValue<X> && !std::is_arithmetic_v<X> && xt::get_rank<X>::value != SIZE_MAX)
+    return xt::get_rank<X>::value - (Mapped ? 1 : 0) + Inner::vectorized_count;
+  else
+    return dynamic_extent;
+}
+
 /// The argument as the mapped function sees it: a strided view (no copy) whose positional
 /// dims drop the mapped one, followed by the vectorized dims of the environment. Under vmap
 /// the mapped dim becomes the last vectorized dim; under pmap device `device` takes its slice.
-template <class Inner, placement P, std::size_t ArgVec, class C>
+template <class Inner, placement P, std::size_t ArgVec, std::size_t Rank, class C>
 auto mapped_view(const C& c, std::optional<std::size_t> dim, std::size_t device) {
   constexpr std::size_t outer_vec = Inner::vectorized_count - (P == placement::vectorized ? 1 : 0);
   const auto& s = c.shape();
   const auto& st = c.strides();
-  xt::dynamic_shape<std::size_t> shape;
-  xt::dynamic_shape<std::ptrdiff_t> strides;
+  view_dims<Rank, std::size_t> shape;
+  view_dims<Rank, std::ptrdiff_t> strides;
   for (std::size_t k = 0; k < c.dimension(); ++k)
     if (k != dim) shape.push_back(s[k]), strides.push_back(s[k] == 1 ? 0 : st[k]);
   for (std::size_t k = ArgVec; k < outer_vec; ++k) shape.push_back(1), strides.push_back(0);
@@ -81,7 +113,7 @@ auto mapped_view(const C& c, std::optional<std::size_t> dim, std::size_t device)
   } else if (dim) {
     offset = device * static_cast<std::size_t>(st[*dim]);
   }
-  return xt::strided_view(c, std::move(shape), std::move(strides), offset, xt::layout_type::dynamic);
+  return xt::strided_view(c, std::move(shape).take(), std::move(strides).take(), offset, xt::layout_type::dynamic);
 }
 
 /// A result leaf of the mapped function as a named value of the map's environment.
@@ -244,7 +276,8 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, int out_
     } else {
       constexpr axis_mask own_bit = axis_mask{1} << (Inner::size - 1);
       constexpr axis_mask varying = mask_of<X>() | (std::is_same_v<InAxis, none_t> ? 0 : own_bit);
-      auto view = mapped_view<Inner, P, vectorized_dims_of<X>()>(held(std::get<K>(holders)), dims[K], device);
+      constexpr std::size_t rank = mapped_payload_rank<X, !std::is_same_v<InAxis, none_t>, Inner>();
+      auto view = mapped_view<Inner, P, vectorized_dims_of<X>(), rank>(held(std::get<K>(holders)), dims[K], device);
       return make_named<decltype(view), Inner, varying>(std::move(view));
     }
   };

@@ -62,6 +62,17 @@ concept PlainValue = std::is_arithmetic_v<std::remove_cvref_t<T>> || xt::is_xexp
 template <class T>
 concept Operand = NamedValue<T> || DeferredValue<T> || PlainValue<T>;
 
+/// A positional dim known at compile time, accepted wherever an operation takes a dim:
+/// `namedax::sum(x, namedax::dim<1>)`. Against a value whose type fixes its rank (a mapped
+/// `xt::xtensor<T, N>`, and lazy expressions of such), a dim out of range does not compile.
+template <int K>
+struct dim_t {
+  static constexpr int value = K;
+  constexpr operator int() const noexcept { return K; }
+};
+template <int K>
+inline constexpr dim_t<K> dim{};
+
 /// A value of a mapped function. `E` is an xtensor expression whose dimensions are the
 /// positional ones the user sees, then one per vectorized axis of `Env` (size 1 where the
 /// value does not vary along it): appending them keeps NumPy's right-aligned broadcasting
@@ -404,6 +415,47 @@ struct merged_env {
 template <class Acc, class X, class... Xs>
 struct merged_env<Acc, X, Xs...> : merged_env<env_merge_t<Acc, typename env_of<X>::type>, Xs...> {};
 
+template <class S>
+inline constexpr bool is_fixed_shape = false;
+template <std::size_t N>
+inline constexpr bool is_fixed_shape<std::array<std::size_t, N>> = true;
+
+/// The positional rank an operand has in its type: 0 for a scalar, N for a fixed-rank
+/// `xt::xtensor<T, N>`, and for a named value whose payload's shape is a std::array (a mapped
+/// fixed-rank argument, and lazy expressions of such); dynamic_extent when only its value knows.
+template <class X>
+constexpr std::size_t static_positional_rank() {
+  if constexpr (std::is_arithmetic_v<X>) {
+    return 0;
+  } else if constexpr (PlainValue<X>) {
+    return xt::get_rank<X>::value != SIZE_MAX ? xt::get_rank<X>::value : dynamic_extent;
+  } else if constexpr (NamedValue<X>) {
+    using shape = std::remove_cvref_t<decltype(std::declval<const typename X::payload_type&>().shape())>;
+    if constexpr (is_fixed_shape<shape>) return std::tuple_size_v<shape> - X::env_type::vectorized_count;
+    else return dynamic_extent;
+  } else {
+    return dynamic_extent;
+  }
+}
+
+// Named so that a failing static_assert prints the dim and the rank.
+template <int Dim, std::size_t Rank>
+inline constexpr bool positional_dim_in_range =
+    Rank == dynamic_extent || (Dim >= -static_cast<int>(Rank) && Dim < static_cast<int>(Rank));
+
+/// A dim given as `dim<K>` checked against the rank in X's type (plus `Extra` for operations
+/// that insert a dim); an int dim is checked at run time by the operation.
+template <class X, std::size_t Extra = 0, class D>
+constexpr void check_static_dim(D) {
+  if constexpr (requires { D::value; }) {
+    constexpr std::size_t rank = static_positional_rank<std::remove_cvref_t<X>>();
+    constexpr std::size_t positions = rank == dynamic_extent ? rank : rank + Extra;
+    static_assert(positional_dim_in_range<D::value, positions>,
+                  "namedax: a positional dim is out of range for the rank the value's type gives it; dims count from 0, "
+                  "negative dims from the end");
+  }
+}
+
 /// Resolves a deferred operand in `Env`; other operands pass through.
 template <class Env, class X>
 decltype(auto) resolve_in(const X& x) {
@@ -660,10 +712,11 @@ void named<E, Env, Varying>::rebind(const R& r) {
 
 /// Inserts a positional dimension of size 1 at `axis` (NumPy's expand_dims), so that a
 /// vector broadcasts against a matrix along its rows: `expand_dims(r, 1) * X`.
-template <NamedOperand X>
-auto expand_dims(const X& x, int axis) {
+template <NamedOperand X, std::convertible_to<int> D>
+auto expand_dims(const X& x, D axis) {
+  detail::check_static_dim<X, 1>(axis);
   return detail::when_resolved(
-      [axis]<class Y>(const Y& y) {
+      [axis = static_cast<int>(axis)]<class Y>(const Y& y) {
         using value = typename Y::value_type;
         xt::xarray<value> a = detail::evaluate(y.payload());
         const int rank = static_cast<int>(y.dimension());

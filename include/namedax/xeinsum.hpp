@@ -50,15 +50,6 @@ struct as_axes<type_list<Ns...>> {
   using type = axis_list<0, Ns...>;
 };
 
-/// The positional rank an operand has in its type: 0 for a scalar, N for a fixed-rank
-/// `xt::xtensor<T, N>`; dynamic_extent when only its value knows (xt::xarray, mapped values).
-template <class X>
-constexpr std::size_t static_positional_rank() {
-  if constexpr (std::is_arithmetic_v<X>) return 0;
-  else if constexpr (PlainValue<X> && xt::get_rank<X>::value != SIZE_MAX) return xt::get_rank<X>::value;
-  else return dynamic_extent;
-}
-
 // Named so that a failing static_assert prints the operand's position, its rank and the
 // number of subscripts the spec gives it.
 template <std::size_t Operand, std::size_t Rank, std::size_t Subscripts>
