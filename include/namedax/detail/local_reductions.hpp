@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <span>
 #include <string_view>
@@ -338,11 +339,11 @@ using like_payload_t = decltype(like_payload(std::declval<like_layout<U>>()));
 /// Calls `panel(in, o, in_step, in_col, out_step, out_col, n, width)` over the whole block:
 /// `width` columns (1 when the dim is the one the input steps through fastest), each a line of
 /// `n` elements along `dim`, at `in + j * in_step + c * in_col` and output offset
-/// `o + j * out_step + c * out_col`. Panels of several columns keep the SIMD lanes and the
-/// cache busy when the dim is not the innermost one.
+/// `o + j * out_step + c * out_col`. Panels of several columns (at most `widest`) keep the
+/// SIMD lanes and the cache busy when the dim is not the innermost one.
 template <class T, class Panel>
 void for_each_panel(const strided_block<T>& in, std::size_t dim, std::span<const std::ptrdiff_t> out_strides,
-                    std::size_t out_extent, Panel&& panel) {
+                    std::size_t out_extent, std::size_t widest, Panel&& panel) {
   dims_t shape = in.shape;
   const std::size_t n = shape[dim];
   if (n == 0 || out_extent == 0) return;
@@ -351,7 +352,6 @@ void for_each_panel(const strided_block<T>& in, std::size_t dim, std::span<const
   const std::span<const std::ptrdiff_t> layouts[] = {out_strides, in.strides};
   const auto nest = output_order<2>(shape, layouts);
   if (nest.empty) return;
-  constexpr std::size_t widest = 512;
   for_each_line(nest.shape, nest.strides[1], nest.strides[0],
                 [&](std::ptrdiff_t i, std::ptrdiff_t o, std::size_t w, std::ptrdiff_t is, std::ptrdiff_t os) {
                   if (w > 1 && (sd == 0 || magnitude(is) < magnitude(sd))) {
@@ -366,15 +366,38 @@ void for_each_panel(const strided_block<T>& in, std::size_t dim, std::span<const
                 });
 }
 
+/// Calls `line(step_in, step_out)` with both steps as compile-time 1 when the line is
+/// contiguous on both sides (the common case, whose loops the compiler then keeps tight),
+/// else as they are.
+template <class Line>
+void with_steps(std::ptrdiff_t in_step, std::ptrdiff_t out_step, Line&& line) {
+  using one = std::integral_constant<std::ptrdiff_t, 1>;
+  if (in_step == 1 && out_step == 1) line(one{}, one{});
+  else line(in_step, out_step);
+}
+
+/// An inclusive scan of one line: the running fold in index order.
+template <class T, class Op, class In, class Out>
+void scan_line(const T* a, In sd, T* b, Out od, std::size_t n, Op op) {
+  T acc = a[0];
+  b[0] = acc;
+  for (std::size_t j = 1; j < n; ++j) {
+    acc = op(acc, a[static_cast<std::ptrdiff_t>(j) * sd]);
+    b[static_cast<std::ptrdiff_t>(j) * od] = acc;
+  }
+}
+
 /// Inclusive scan: out[j] = op(out[j - 1], in[j]), element by element of a panel's columns.
 template <class T, class Op>
 like_layout<T> scan_dim(const strided_block<T>& in, std::size_t dim, Op op) {
   auto out = allocate_like<T>(in.shape, in.strides);
   T* to = out.storage.data();
-  for_each_panel(in, dim, out.strides, 1,
+  // Whole rows: one sequential pass over the block, as a hand-written loop makes.
+  for_each_panel(in, dim, out.strides, 1, std::numeric_limits<std::size_t>::max(),
                  [&](const T* a, std::ptrdiff_t o, std::ptrdiff_t sd, std::ptrdiff_t is, std::ptrdiff_t od,
                      std::ptrdiff_t os, std::size_t n, std::size_t w) {
                    T* b = to + o;
+                   if (w == 1) return with_steps(sd, od, [&](auto si, auto so) { scan_line(a, si, b, so, n, op); });
                    for (std::size_t c = 0; c < w; ++c) b[static_cast<std::ptrdiff_t>(c) * os] = a[static_cast<std::ptrdiff_t>(c) * is];
                    for (std::size_t j = 1; j < n; ++j) {
                      const T* row = a + static_cast<std::ptrdiff_t>(j) * sd;
@@ -395,14 +418,38 @@ like_layout<T> scan_dim(const strided_block<T>& in, std::size_t dim, Op op) {
 /// jax.nn.softmax (`Log` false): exp(x - max) / sum(exp(x - max)); jax.nn.log_softmax (`Log`
 /// true): (x - max) - log(sum(exp(x - max))). The max is subtracted for stability; sums run
 /// in index order.
+template <bool Log, class T, class In, class Out>
+void softmax_line(const T* a, In sd, T* b, Out od, std::size_t n) {
+  auto in = [&](std::size_t j) { return a[static_cast<std::ptrdiff_t>(j) * sd]; };
+  auto out = [&](std::size_t j) -> T& { return b[static_cast<std::ptrdiff_t>(j) * od]; };
+  T m = max_op::identity<T>();
+  for (std::size_t j = 0; j < n; ++j) m = max_op{}(m, in(j));
+  T s = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    const T shifted = in(j) - m;
+    const T e = std::exp(shifted);
+    out(j) = Log ? shifted : e;
+    s += e;
+  }
+  if constexpr (Log) {
+    const T log_s = std::log(s);
+    for (std::size_t j = 0; j < n; ++j) out(j) = out(j) - log_s;
+  } else {
+    for (std::size_t j = 0; j < n; ++j) out(j) = out(j) / s;
+  }
+}
+
 template <bool Log, class T>
 like_layout<T> softmax_dim(const strided_block<T>& in, std::size_t dim) {
   auto out = allocate_like<T>(in.shape, in.strides);
   T* to = out.storage.data();
   std::vector<T> m, s;
-  for_each_panel(in, dim, out.strides, 1,
+  // Panels of 512 columns: their running maxima and sums stay in L1.
+  for_each_panel(in, dim, out.strides, 1, 512,
                  [&](const T* a, std::ptrdiff_t o, std::ptrdiff_t sd, std::ptrdiff_t is, std::ptrdiff_t od,
                      std::ptrdiff_t os, std::size_t n, std::size_t w) {
+                   if (w == 1)
+                     return with_steps(sd, od, [&](auto si, auto so) { softmax_line<Log>(a, si, to + o, so, n); });
                    m.assign(w, max_op::identity<T>());
                    s.assign(w, T{0});
                    T* b = to + o;
@@ -447,7 +494,7 @@ auto sort_dim(const strided_block<T>& in, std::size_t dim) {
   auto out = allocate_like<U>(in.shape, in.strides);
   U* to = out.storage.data();
   std::vector<std::int32_t> index;
-  for_each_panel(in, dim, out.strides, 1,
+  for_each_panel(in, dim, out.strides, 1, 1,
                  [&](const T* a, std::ptrdiff_t o, std::ptrdiff_t sd, std::ptrdiff_t is, std::ptrdiff_t od,
                      std::ptrdiff_t os, std::size_t n, std::size_t w) {
                    for (std::size_t c = 0; c < w; ++c) {
@@ -477,7 +524,7 @@ std::pair<like_layout<T>, like_layout<std::int32_t>> top_k_dim(const strided_blo
   auto values = allocate_like<T>(shape, in.strides);
   auto indices = allocate_like<std::int32_t>(shape, in.strides);
   std::vector<std::int32_t> index;
-  for_each_panel(in, dim, values.strides, k,
+  for_each_panel(in, dim, values.strides, k, 1,
                  [&](const T* a, std::ptrdiff_t o, std::ptrdiff_t sd, std::ptrdiff_t is, std::ptrdiff_t od,
                      std::ptrdiff_t os, std::size_t n, std::size_t w) {
                    for (std::size_t c = 0; c < w; ++c) {
