@@ -73,6 +73,17 @@ struct dim_t {
 template <int K>
 inline constexpr dim_t<K> dim{};
 
+namespace detail {
+template <class D>
+inline constexpr bool is_dim_constant = false;
+template <int K>
+inline constexpr bool is_dim_constant<dim_t<K>> = true;
+}  // namespace detail
+
+/// A positional dim: an int, checked at run time, or `dim<K>`, checked at compile time too.
+template <class D>
+concept Dim = std::integral<D> || detail::is_dim_constant<D>;
+
 /// A value of a mapped function. `E` is an xtensor expression whose dimensions are the
 /// positional ones the user sees, then one per vectorized axis of `Env` (size 1 where the
 /// value does not vary along it): appending them keeps NumPy's right-aligned broadcasting
@@ -712,7 +723,7 @@ void named<E, Env, Varying>::rebind(const R& r) {
 
 /// Inserts a positional dimension of size 1 at `axis` (NumPy's expand_dims), so that a
 /// vector broadcasts against a matrix along its rows: `expand_dims(r, 1) * X`.
-template <NamedOperand X, std::convertible_to<int> D>
+template <NamedOperand X, Dim D>
 auto expand_dims(const X& x, D axis) {
   detail::check_static_dim<X, 1>(axis);
   return detail::when_resolved(

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// The umbrella header: axis names, named values, vmap and pmap, the collectives and their transposes.
+// The umbrella header: axis names, named values and their array operations, vmap and pmap, the
+// collectives and their transposes.
 #pragma once
 
 #include <namedax/axis.hpp>
@@ -9,6 +10,8 @@
 #include <namedax/map.hpp>
 #include <namedax/named_array.hpp>
 #include <namedax/named_shape.hpp>
+#include <namedax/reductions.hpp>
+#include <namedax/structure.hpp>
 #include <namedax/transpose.hpp>
 #include <namedax/trace.hpp>
 #include <namedax/xeinsum.hpp>

@@ -38,9 +38,10 @@ concept DimList = std::ranges::input_range<D> && std::same_as<std::ranges::range
   auto verb(const X& x, reduction_options o = {}) {                                                \
     return detail::reduce<detail::local_kind::kind>(x, {{}, true}, o.keepdims);                    \
   }                                                                                                \
-  template <NamedOperand X>                                                                        \
-  auto verb(const X& x, int dim, reduction_options o = {}) {                                       \
-    return detail::reduce<detail::local_kind::kind>(x, {{dim}, false}, o.keepdims);                \
+  template <NamedOperand X, Dim D>                                                                 \
+  auto verb(const X& x, D dim, reduction_options o = {}) {                                         \
+    detail::check_static_dim<X>(dim);                                                              \
+    return detail::reduce<detail::local_kind::kind>(x, {{static_cast<int>(dim)}, false}, o.keepdims); \
   }                                                                                                \
   template <NamedOperand X>                                                                        \
   auto verb(const X& x, std::initializer_list<int> dims, reduction_options o = {}) {               \
@@ -79,18 +80,20 @@ NAMEDAX_LOCAL_REDUCTION(logsumexp, logsumexp)
 /// `argmax(x, dim)`: jnp.argmax, int32; ties go to the lowest index, a NaN wins (the first
 /// one); without a dim, the index into the row-major flattened positional dims. An empty dim
 /// is an error. `argmax(x, 1)` of {{1, 3, 3}} is {1}.
-template <NamedOperand X>
-auto argmax(const X& x, int dim, reduction_options o = {}) {
-  return detail::reduce<detail::local_kind::argmax>(x, {{dim}, false}, o.keepdims);
+template <NamedOperand X, Dim D>
+auto argmax(const X& x, D dim, reduction_options o = {}) {
+  detail::check_static_dim<X>(dim);
+  return detail::reduce<detail::local_kind::argmax>(x, {{static_cast<int>(dim)}, false}, o.keepdims);
 }
 template <NamedOperand X>
 auto argmax(const X& x, reduction_options o = {}) {
   return detail::reduce<detail::local_kind::argmax>(x, {{}, true}, o.keepdims);
 }
 /// `argmin(x, dim)`: jnp.argmin, as argmax.
-template <NamedOperand X>
-auto argmin(const X& x, int dim, reduction_options o = {}) {
-  return detail::reduce<detail::local_kind::argmin>(x, {{dim}, false}, o.keepdims);
+template <NamedOperand X, Dim D>
+auto argmin(const X& x, D dim, reduction_options o = {}) {
+  detail::check_static_dim<X>(dim);
+  return detail::reduce<detail::local_kind::argmin>(x, {{static_cast<int>(dim)}, false}, o.keepdims);
 }
 template <NamedOperand X>
 auto argmin(const X& x, reduction_options o = {}) {
@@ -100,18 +103,20 @@ auto argmin(const X& x, reduction_options o = {}) {
 /// `cumsum(x, dim)`: jnp.cumsum, the inclusive running sum along `dim`, with sum's types;
 /// without a dim, over the row-major flattened positional dims (a vector).
 /// `cumsum(x, 0)` of {1, 2, 3} is {1, 3, 6}.
-template <NamedOperand X>
-auto cumsum(const X& x, int dim) {
-  return detail::when_resolved(detail::scan_fn<detail::scan_kind::cumsum>{dim, false}, x);
+template <NamedOperand X, Dim D>
+auto cumsum(const X& x, D dim) {
+  detail::check_static_dim<X>(dim);
+  return detail::when_resolved(detail::scan_fn<detail::scan_kind::cumsum>{static_cast<int>(dim), false}, x);
 }
 template <NamedOperand X>
 auto cumsum(const X& x) {
   return detail::when_resolved(detail::scan_fn<detail::scan_kind::cumsum>{0, true}, x);
 }
 /// `cumprod(x, dim)`: jnp.cumprod, as cumsum. `cumprod(x, 0)` of {1, 2, 3} is {1, 2, 6}.
-template <NamedOperand X>
-auto cumprod(const X& x, int dim) {
-  return detail::when_resolved(detail::scan_fn<detail::scan_kind::cumprod>{dim, false}, x);
+template <NamedOperand X, Dim D>
+auto cumprod(const X& x, D dim) {
+  detail::check_static_dim<X>(dim);
+  return detail::when_resolved(detail::scan_fn<detail::scan_kind::cumprod>{static_cast<int>(dim), false}, x);
 }
 template <NamedOperand X>
 auto cumprod(const X& x) {
@@ -120,27 +125,31 @@ auto cumprod(const X& x) {
 
 /// `softmax(x, dim = -1)`: jax.nn.softmax, exp(x - max) / sum(exp(x - max)) along `dim`;
 /// integers give float32. `softmax(x)` of {0, log 3} is {0.25, 0.75}.
-template <NamedOperand X>
-auto softmax(const X& x, int dim = -1) {
-  return detail::when_resolved(detail::softmax_fn<false>{dim}, x);
+template <NamedOperand X, Dim D = int>
+auto softmax(const X& x, D dim = -1) {
+  detail::check_static_dim<X>(dim);
+  return detail::when_resolved(detail::softmax_fn<false>{static_cast<int>(dim)}, x);
 }
 /// `log_softmax(x, dim = -1)`: jax.nn.log_softmax, (x - max) - log(sum(exp(x - max))).
-template <NamedOperand X>
-auto log_softmax(const X& x, int dim = -1) {
-  return detail::when_resolved(detail::softmax_fn<true>{dim}, x);
+template <NamedOperand X, Dim D = int>
+auto log_softmax(const X& x, D dim = -1) {
+  detail::check_static_dim<X>(dim);
+  return detail::when_resolved(detail::softmax_fn<true>{static_cast<int>(dim)}, x);
 }
 
 /// `sort(x, dim = -1)`: jnp.sort, ascending and stable, NaN last, -0 equal to +0.
 /// `sort(x)` of {3, NaN, 1} is {1, 3, NaN}.
-template <NamedOperand X>
-auto sort(const X& x, int dim = -1) {
-  return detail::when_resolved(detail::sort_fn<false>{dim}, x);
+template <NamedOperand X, Dim D = int>
+auto sort(const X& x, D dim = -1) {
+  detail::check_static_dim<X>(dim);
+  return detail::when_resolved(detail::sort_fn<false>{static_cast<int>(dim)}, x);
 }
 /// `argsort(x, dim = -1)`: jnp.argsort, int32, stable (equal values keep their order).
 /// `argsort(x)` of {3, 1, 3} is {1, 0, 2}.
-template <NamedOperand X>
-auto argsort(const X& x, int dim = -1) {
-  return detail::when_resolved(detail::sort_fn<true>{dim}, x);
+template <NamedOperand X, Dim D = int>
+auto argsort(const X& x, D dim = -1) {
+  detail::check_static_dim<X>(dim);
+  return detail::when_resolved(detail::sort_fn<true>{static_cast<int>(dim)}, x);
 }
 
 /// `top_k(x, k)`: lax.top_k along the last positional dim, a std::pair {values, indices}

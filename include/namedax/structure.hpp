@@ -151,18 +151,20 @@ struct flip_fn {
   auto operator()(const X& x) const {
     return detail::when_resolved(detail::flip_op{std::nullopt}, x);
   }
-  template <NamedOperand X>
-  auto operator()(const X& x, int dim) const {
-    return detail::when_resolved(detail::flip_op{dim}, x);
+  template <NamedOperand X, Dim D>
+  auto operator()(const X& x, D dim) const {
+    detail::check_static_dim<X>(dim);
+    return detail::when_resolved(detail::flip_op{static_cast<int>(dim)}, x);
   }
 };
 inline constexpr flip_fn flip{};
 
 /// jnp.roll along a positional dim: element k moves to (k + shift) mod n. `roll(x, 1, 0)`.
 struct roll_fn {
-  template <NamedOperand X>
-  auto operator()(const X& x, std::ptrdiff_t shift, int dim) const {
-    return detail::when_resolved(detail::roll_op{shift, dim}, x);
+  template <NamedOperand X, Dim D>
+  auto operator()(const X& x, std::ptrdiff_t shift, D dim) const {
+    detail::check_static_dim<X>(dim);
+    return detail::when_resolved(detail::roll_op{shift, static_cast<int>(dim)}, x);
   }
 };
 inline constexpr roll_fn roll{};
@@ -183,10 +185,11 @@ inline constexpr pad_fn pad{};
 /// ones out of [-n, n) read the fill value (mode "fill": NaN, the lowest signed or the largest
 /// unsigned integer, true). `take(table, ids, 0)`.
 struct take_fn {
-  template <Operand X, Operand I>
+  template <Operand X, Operand I, Dim D>
     requires(NamedOperand<X> || NamedOperand<I>)
-  auto operator()(const X& x, const I& indices, int dim) const {
-    return detail::when_resolved(detail::take_op<false>{dim}, x, indices);
+  auto operator()(const X& x, const I& indices, D dim) const {
+    detail::check_static_dim<X>(dim);
+    return detail::when_resolved(detail::take_op<false>{static_cast<int>(dim)}, x, indices);
   }
 };
 inline constexpr take_fn take{};
@@ -194,10 +197,11 @@ inline constexpr take_fn take{};
 /// jnp.take_along_axis: indices of the value's positional rank pick along `dim` (default the
 /// last); the other dims broadcast. Same index rules as take. `take_along_axis(x, order, -1)`.
 struct take_along_axis_fn {
-  template <Operand X, Operand I>
+  template <Operand X, Operand I, Dim D = int>
     requires(NamedOperand<X> || NamedOperand<I>)
-  auto operator()(const X& x, const I& indices, int dim = -1) const {
-    return detail::when_resolved(detail::take_op<true>{dim}, x, indices);
+  auto operator()(const X& x, const I& indices, D dim = -1) const {
+    detail::check_static_dim<X>(dim);
+    return detail::when_resolved(detail::take_op<true>{static_cast<int>(dim)}, x, indices);
   }
 };
 inline constexpr take_along_axis_fn take_along_axis{};

@@ -35,6 +35,9 @@ namespace namedax {
 struct int_list {
   std::vector<std::ptrdiff_t> values;
   int_list(std::initializer_list<std::ptrdiff_t> v) : values(v) {}
+  /// One value: `squeeze(x, 1)`, `reshape(x, -1)`.
+  template <Dim D>
+  int_list(D d) : values{static_cast<std::ptrdiff_t>(static_cast<int>(d))} {}
   template <std::ranges::input_range R>
     requires std::integral<std::ranges::range_value_t<R>>
   int_list(const R& r) : values(std::ranges::begin(r), std::ranges::end(r)) {}
