@@ -1,0 +1,524 @@
+// SPDX-License-Identifier: MIT
+// Elementwise operations: every function against xtensor's own on plain slices, in every
+// placement and element type, with scalars, plain arrays, values varying along different names
+// and axis_index operands; apply; printing; local().
+#include "test_support.hpp"
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <optional>
+
+using namespace namedax::literals;
+
+namespace {
+
+using namedax_test::check_every_placement;
+
+/// Random values with the special ones functions treat apart: zeros of both signs, +-1, halves
+/// (rounding), infinities and NaN for floating types; small nonzero integers when `nonzero`.
+template <class T>
+xt::xarray<T> inputs(std::mt19937& rng, const std::vector<std::size_t>& shape, bool nonzero = false) {
+  xt::xarray<T> a = xt::xarray<T>::from_shape(shape);
+  std::uniform_real_distribution<double> real(-4.0, 4.0);
+  std::uniform_int_distribution<int> integer(-50, 50), pick(0, 15);
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const double special[] = {0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.5, inf, -inf, std::nan(""), 1e3, -1e3};
+  for (auto& v : a) {
+    if constexpr (std::is_same_v<T, bool>) {
+      v = integer(rng) > 0;
+    } else if constexpr (std::is_integral_v<T>) {
+      v = static_cast<T>(integer(rng));
+      if (nonzero && v == 0) v = 1;
+    } else {
+      const int k = pick(rng);
+      v = static_cast<T>(k < 12 ? special[k] : real(rng));
+    }
+  }
+  return a;
+}
+
+/// Two leading mapped dims, then 0 to 2 positional ones.
+std::vector<std::size_t> mapped_shape(std::mt19937& rng) {
+  std::uniform_int_distribution<std::size_t> rank(2, 4);
+  return namedax_test::random_shape(rng, rank(rng), 4);
+}
+
+/// Calls `g(op)` for the k-th of `ops`; every op must give `g` the same result type.
+template <class Ops, class G>
+auto visit_at(const Ops& ops, std::size_t k, G g) {
+  using R = decltype(g(std::get<0>(ops)));
+  std::optional<R> r;
+  std::apply([&](const auto&... op) {
+    std::size_t j = 0;
+    ((j++ == k ? (void)r.emplace(g(op)) : void()), ...);
+  }, ops);
+  return std::move(*r);
+}
+
+/// The plain counterpart of an operand's type, for comparing element types with xtensor's.
+template <class X>
+struct plain {
+  using type = X;
+};
+template <namedax::NamedValue X>
+struct plain<X> {
+  using type = xt::xarray<typename X::value_type>;
+};
+template <namedax::DeferredValue X>
+struct plain<X> {
+  using type = xt::xarray<std::int32_t>;
+};
+
+/// A table of operations, each written once for named and plain operands (xtensor's function
+/// on plain ones), checked in every placement against xtensor on plain slices. One mapped
+/// function per table and element type, so that the placements are instantiated once, not once
+/// per operation: results are compared as float64, and their element types at compile time.
+template <class Ops, std::size_t N>
+void check_table(const Ops& ops, const std::array<const char*, N>& names, const auto&... args) {
+  static_assert(std::tuple_size_v<Ops> == N);
+  for (std::size_t k = 0; k < N; ++k) {
+    INFO("operation: ", names[k]);
+    auto f = [&ops, k](const auto&... xs) {
+      return visit_at(ops, k, [&](const auto& op) {
+        using got = typename decltype(op(xs...))::value_type;
+        using expected = typename decltype(op(std::declval<const typename plain<std::remove_cvref_t<decltype(xs)>>::type&>()...))::value_type;
+        static_assert(std::is_same_v<got, expected>, "the element type differs from xtensor's");
+        return namedax::eval(namedax::cast<double>(op(xs...)));
+      });
+    };
+    auto ref = [&ops, k](const auto&... xs) {
+      return visit_at(ops, k, [&](const auto& op) { return xt::xarray<double>(xt::cast<double>(op(xs...))); });
+    };
+    check_every_placement(f, ref, args...);
+  }
+}
+
+// namedax's function for named operands, xtensor's for plain ones.
+#define BOTH(fn)                                                                               \
+  [](const auto&... a) {                                                                       \
+    if constexpr ((namedax::NamedOperand<decltype(a)> || ...)) return namedax::fn(a...);       \
+    else return xt::fn(a...);                                                                  \
+  }
+#define OP1(op) [](const auto& a) { return op a; }
+#define OP2(op) [](const auto& a, const auto& b) { return a op b; }
+// == and != compare whole arrays in xtensor; elementwise there they are equal and not_equal.
+#define OP2_OR(op, fn)                                                                         \
+  [](const auto& a, const auto& b) {                                                           \
+    if constexpr (namedax::NamedOperand<decltype(a)> || namedax::NamedOperand<decltype(b)>)    \
+      return a op b;                                                                           \
+    else return xt::fn(a, b);                                                                  \
+  }
+
+const auto unary = std::tuple{
+    BOTH(abs), BOTH(fabs), BOTH(sign), BOTH(exp), BOTH(exp2), BOTH(expm1), BOTH(log), BOTH(log2), BOTH(log10),
+    BOTH(log1p), BOTH(sqrt), BOTH(cbrt), BOTH(square), BOTH(cube), BOTH(sin), BOTH(cos), BOTH(tan), BOTH(asin),
+    BOTH(acos), BOTH(atan), BOTH(sinh), BOTH(cosh), BOTH(tanh), BOTH(asinh), BOTH(acosh), BOTH(atanh), BOTH(erf),
+    BOTH(erfc), BOTH(tgamma), BOTH(lgamma), BOTH(ceil), BOTH(floor), BOTH(trunc), BOTH(round), BOTH(nearbyint),
+    BOTH(rint), BOTH(isnan), BOTH(isinf), BOTH(isfinite), BOTH(deg2rad), BOTH(rad2deg), BOTH(radians),
+    BOTH(degrees), BOTH(nan_to_num), OP1(-), OP1(+), OP1(!)};
+const std::array<const char*, 47> unary_names{
+    "abs", "fabs", "sign", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "cbrt", "square", "cube",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
+    "tgamma", "lgamma", "ceil", "floor", "trunc", "round", "nearbyint", "rint", "isnan", "isinf", "isfinite",
+    "deg2rad", "rad2deg", "radians", "degrees", "nan_to_num", "unary -", "unary +", "!"};
+
+const auto binary = std::tuple{
+    BOTH(maximum), BOTH(minimum), BOTH(fmax), BOTH(fmin), BOTH(fmod), BOTH(remainder), BOTH(pow), BOTH(atan2),
+    BOTH(hypot), BOTH(fdim), BOTH(isclose), BOTH(equal), BOTH(not_equal), BOTH(less), BOTH(less_equal),
+    BOTH(greater), BOTH(greater_equal), OP2(+), OP2(-), OP2(*), OP2(/), OP2(<), OP2(<=), OP2(>), OP2(>=), OP2_OR(==, equal),
+    OP2_OR(!=, not_equal), OP2(&&), OP2(||)};
+const std::array<const char*, 29> binary_names{
+    "maximum", "minimum", "fmax", "fmin", "fmod", "remainder", "pow", "atan2", "hypot", "fdim", "isclose", "equal",
+    "not_equal", "less", "less_equal", "greater", "greater_equal", "+", "-", "*", "/", "<", "<=", ">", ">=", "==",
+    "!=", "&&", "||"};
+
+const auto bitwise = std::tuple{OP2(&), OP2(|), OP2(^), OP2(%), BOTH(left_shift), BOTH(right_shift),
+                                [](const auto& a, const auto& b) { return (a << 2) + (b >> 1); },
+                                [](const auto& a, const auto& b) { return ~a + b * 0; }};
+const std::array<const char*, 8> bitwise_names{"&", "|", "^", "%", "left_shift", "right_shift", "<< and >>", "~"};
+
+// The cores of the tables, for the other element types: every function is instantiated for a
+// few element types only, so that this file compiles in a few minutes.
+const auto unary_core = std::tuple{BOTH(abs),    BOTH(sign),  BOTH(exp),   BOTH(sqrt),  BOTH(square), BOTH(sin),
+                                   BOTH(floor),  BOTH(round), BOTH(isnan), BOTH(erf),   OP1(-),       OP1(!)};
+const std::array<const char*, 12> unary_core_names{"abs",   "sign",  "exp", "sqrt",    "square", "sin",
+                                                   "floor", "round", "isnan", "erf", "unary -", "!"};
+const auto binary_core = std::tuple{BOTH(maximum), BOTH(fmod), BOTH(pow), BOTH(atan2), BOTH(isclose), OP2(+), OP2(/),
+                                    OP2_OR(==, equal)};
+const std::array<const char*, 8> binary_core_names{"maximum", "fmod", "pow", "atan2", "isclose", "+", "/", "=="};
+
+const auto ternary = std::tuple{BOTH(clip), BOTH(fma), BOTH(where)};
+const std::array<const char*, 3> ternary_names{"clip", "fma", "where"};
+
+template <class T, class Ops, std::size_t N>
+void check_unary_table(std::mt19937& rng, const Ops& ops, const std::array<const char*, N>& names) {
+  INFO("element type: ", namedax::detail::dtype_name<T>());
+  check_table(ops, names, inputs<T>(rng, mapped_shape(rng)));
+}
+
+template <class T, class U, class Ops, std::size_t N>
+void check_binary_table(std::mt19937& rng, const Ops& ops, const std::array<const char*, N>& names) {
+  INFO("element types: ", namedax::detail::dtype_name<T>(), ", ", namedax::detail::dtype_name<U>());
+  const auto shape = mapped_shape(rng);
+  // Integer division by zero is undefined: integer divisors are nonzero.
+  check_table(ops, names, inputs<T>(rng, shape), inputs<U>(rng, shape, std::is_integral_v<U>));
+}
+
+/// Shift counts in [1, 7], within every integer type's width.
+template <class T>
+xt::xarray<T> shift_counts(std::mt19937& rng, const std::vector<std::size_t>& shape) {
+  xt::xarray<T> a = inputs<T>(rng, shape, true);
+  for (auto& v : a) v = static_cast<T>((v < 0 ? -v : v) % 7 + 1);
+  return a;
+}
+
+}  // namespace
+
+// Every function's element type on int32 and bool operands is xtensor's (checked without
+// evaluating anything, which keeps compile time low; the values are checked above for a core).
+using int_named = namedax::named<namedax::detail::shared_array<std::int32_t>,
+                                 namedax::env<namedax::binding<namedax::axis<"i">, namedax::placement::vectorized>>, 1>;
+template <class X, class Ops>
+constexpr bool element_types_follow_xtensor(const Ops& ops) {
+  return std::apply([](const auto&... op) {
+    return (std::is_same_v<typename decltype(op(std::declval<const X&>()))::value_type,
+                           typename decltype(op(std::declval<const xt::xarray<std::int32_t>&>()))::value_type> && ...);
+  }, ops);
+}
+template <class X, class Ops>
+constexpr bool binary_element_types_follow_xtensor(const Ops& ops) {
+  return std::apply([](const auto&... op) {
+    return (std::is_same_v<typename decltype(op(std::declval<const X&>(), std::declval<const X&>()))::value_type,
+                           typename decltype(op(std::declval<const xt::xarray<std::int32_t>&>(),
+                                                std::declval<const xt::xarray<std::int32_t>&>()))::value_type> && ...);
+  }, ops);
+}
+static_assert(element_types_follow_xtensor<int_named>(unary));
+static_assert(binary_element_types_follow_xtensor<int_named>(binary));
+
+TEST_SUITE("elementwise") {
+  TEST_CASE("unary functions and operators match xtensor in every placement and element type") {
+    std::mt19937 rng(11);
+    check_unary_table<float>(rng, unary, unary_names);
+    check_unary_table<std::int32_t>(rng, unary_core, unary_core_names);
+    check_unary_table<double>(rng, unary_core, unary_core_names);
+    check_unary_table<std::int8_t>(rng, unary_core, unary_core_names);
+    check_unary_table<bool>(rng, unary_core, unary_core_names);
+  }
+
+  TEST_CASE("sigmoid and signbit, which xtensor lacks, match a naive loop") {
+    std::mt19937 rng(12);
+    auto x = inputs<float>(rng, mapped_shape(rng));
+    auto naive = [](const auto& x) {
+      xt::xarray<float> s = xt::xarray<float>::from_shape(x.shape());
+      xt::xarray<bool> b = xt::xarray<bool>::from_shape(x.shape());
+      for (std::size_t k = 0; k < x.size(); ++k) {
+        const float v = x.data()[k];
+        s.data()[k] = v >= 0 ? 1.f / (1.f + std::exp(-v)) : std::exp(v) / (1.f + std::exp(v));
+        b.data()[k] = std::signbit(v);
+      }
+      return std::pair{s, b};
+    };
+    check_every_placement([](auto x) { return namedax::eval(namedax::sigmoid(x)); },
+                          [&](const auto& x) { return naive(x).first; }, x);
+    check_every_placement([](auto x) { return namedax::eval(namedax::signbit(x)); },
+                          [&](const auto& x) { return naive(x).second; }, x);
+    // Large |x|: no overflow, exact limits; integers give float64.
+    const xt::xarray<float> wide{-1e4f, -100.f, 0.f, 100.f, 1e4f};
+    auto [v, p] = namedax_test::both_modes([](auto x) { return namedax::sigmoid(x); }, wide);
+    CHECK_BITWISE(v, p);
+    CHECK(v(0) == 0.f);
+    CHECK(v(2) == 0.5f);
+    CHECK(v(4) == 1.f);
+    auto integers = namedax::vmap<"i">([](auto x) { return namedax::sigmoid(x); })(xt::xarray<int>{0, 1});
+    static_assert(std::is_same_v<decltype(integers)::value_type, double>);
+  }
+
+  TEST_CASE("binary functions and operators match xtensor, in every placement and element type") {
+    std::mt19937 rng(13);
+    check_binary_table<float, float>(rng, binary, binary_names);
+    check_binary_table<std::int32_t, std::int32_t>(rng, binary_core, binary_core_names);
+    check_binary_table<double, double>(rng, binary_core, binary_core_names);
+    check_binary_table<std::int8_t, std::int8_t>(rng, binary_core, binary_core_names);
+    check_binary_table<float, std::int32_t>(rng, binary_core, binary_core_names);
+  }
+
+  TEST_CASE("bitwise operators and shifts on integers") {
+    std::mt19937 rng(14);
+    auto run = [&]<class T>(T) {
+      INFO("element type: ", namedax::detail::dtype_name<T>());
+      const auto shape = mapped_shape(rng);
+      check_table(bitwise, bitwise_names, inputs<T>(rng, shape), shift_counts<T>(rng, shape));
+    };
+    run(std::int32_t{});
+    run(std::uint8_t{});
+  }
+
+  TEST_CASE("clip, fma and where, with every operand named") {
+    std::mt19937 rng(15);
+    auto run = [&]<class T>(T) {
+      INFO("element type: ", namedax::detail::dtype_name<T>());
+      const auto shape = mapped_shape(rng);
+      check_table(ternary, ternary_names, inputs<T>(rng, shape), inputs<T>(rng, shape), inputs<T>(rng, shape));
+    };
+    run(float{});
+    run(std::int32_t{});
+  }
+
+  TEST_CASE("a named value with scalars, plain arrays that broadcast, and axis_index") {
+    std::mt19937 rng(16);
+    const std::vector<std::size_t> shape{3, 2, 4};
+    auto x = inputs<float>(rng, shape);
+    const xt::xarray<float> row = inputs<float>(rng, {4});          // broadcasts along the last dim
+    const xt::xarray<float> column = inputs<float>(rng, {5, 1, 1});  // adds a leading dim
+    // axis_index("i"_ax) per slice: a helper argument the mapped function ignores.
+    xt::xarray<std::int32_t> index = xt::zeros<std::int32_t>({3, 2, 1});
+    for (std::size_t i = 0; i < 3; ++i) xt::view(index, i) = static_cast<std::int32_t>(i);
+
+    auto ops = std::tuple{BOTH(maximum), BOTH(atan2), OP2(*), OP2(<)};
+    const std::array<const char*, 4> names{"maximum", "atan2", "*", "<"};
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      INFO("operation: ", names[k]);
+      auto with = [&](const auto& other) {
+        auto f = [&ops, k, other](auto x) {
+          return visit_at(ops, k, [&](const auto& op) { return namedax::eval(namedax::cast<double>(op(x, other))); });
+        };
+        auto ref = [&ops, k, other](const auto& x) {
+          return visit_at(ops, k, [&](const auto& op) { return xt::xarray<double>(xt::cast<double>(op(x, other))); });
+        };
+        check_every_placement(f, ref, x);
+      };
+      with(1.5f);
+      with(2.0);  // a double scalar: float64 results, as in C++
+      with(row);
+      with(column);
+      auto g = [&ops, k](auto x, auto) {
+        return visit_at(ops, k, [&](const auto& op) {
+          return namedax::eval(namedax::cast<double>(op(namedax::axis_index("i"_ax), x)));
+        });
+      };
+      auto ref = [&ops, k](const auto& x, const auto& i) {
+        return visit_at(ops, k, [&](const auto& op) { return xt::xarray<double>(xt::cast<double>(op(i, x))); });
+      };
+      check_every_placement(g, ref, x, index);
+    }
+    // Clip limits from axis_index and a scalar; a function of axis_index alone waits for the map.
+    check_every_placement([](auto x, auto) { return namedax::eval(namedax::clip(x, -1.f, namedax::axis_index("i"_ax))); },
+                          [](const auto& x, const auto& i) { return xt::xarray<float>(xt::clip(x, -1.f, i)); }, x, index);
+    auto alone = [](auto x) { return std::tuple{namedax::eval(x), namedax::sqrt(namedax::axis_index("i"_ax) * 4)}; };
+    auto [xv, roots] = namedax::vmap<"i">(alone)(x);
+    CHECK_BITWISE(roots, (xt::xarray<double>{0., 2., std::sqrt(8.)}));
+    CHECK_BITWISE(std::get<1>(namedax::pmap<"i">(alone)(x)), roots);
+  }
+
+  TEST_CASE("operands varying along different names give their outer combination") {
+    // a varies along i, b along j: inside a 2-D map op(a, b) at (i, j) is op(a[i], b[j]),
+    // with `a` captured from the outer map or passed to the inner one unmapped.
+    std::mt19937 rng(17);
+    const auto a = inputs<float>(rng, {3, 2});
+    const auto b = inputs<float>(rng, {4, 2});
+    auto ops = std::tuple{BOTH(atan2), OP2(-),
+                          [](const auto& p, const auto& q) {
+                            if constexpr (namedax::NamedOperand<decltype(p)>) return namedax::where(p < q, p, q * 2.f);
+                            else return xt::where(p < q, p, q * 2.f);
+                          }};
+    const std::array<const char*, 3> names{"atan2", "-", "where"};
+    // The expected values: a and b spread over (i, j), compared slice by slice.
+    auto spread = [](const auto& v, bool leading) {
+      xt::xarray<float> e = v;
+      const std::size_t n = v.shape()[0], m = v.shape()[1];
+      e.reshape(leading ? std::vector<std::size_t>{n, 1, m} : std::vector<std::size_t>{1, n, m});
+      return xt::xarray<float>(xt::broadcast(e, std::vector<std::size_t>{3, 4, m}));
+    };
+    const auto a2 = spread(a, true), b2 = spread(b, false);
+    auto map = []<bool Devices, namedax::fixed_string Name>(auto f, auto in) {
+      if constexpr (Devices) return namedax::pmap<Name>(f, in);
+      else return namedax::vmap<Name>(f, in);
+    };
+    auto run = [&]<bool Outer, bool Inner, bool Capture>(std::size_t k) {
+      auto g = [&ops, k](const auto& p, const auto& q) {
+        return visit_at(ops, k, [&](const auto& op) {
+          if constexpr (namedax::NamedOperand<decltype(p)>) return namedax::eval(namedax::cast<double>(op(p, q)));
+          else return xt::xarray<double>(xt::cast<double>(op(p, q)));
+        });
+      };
+      auto outer = [=](auto ai, auto bs) {
+        if constexpr (Capture) return map.template operator()<Inner, "j">([=](auto bj) { return g(ai, bj); }, 0)(bs);
+        else return map.template operator()<Inner, "j">(g, std::tuple{namedax::none, 0})(ai, bs);
+      };
+      xt::xarray<double> got = map.template operator()<Outer, "i">(outer, std::tuple{0, namedax::none})(a, b);
+      INFO("operation: ", names[k], ", outer ", Outer ? "pmap" : "vmap", ", inner ", Inner ? "pmap" : "vmap",
+           Capture ? ", captured" : ", passed");
+      CHECK_BITWISE(got, namedax_test::per_index<2>(g, a2, b2));
+    };
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      run.template operator()<false, false, true>(k);
+      run.template operator()<false, true, true>(k);
+      run.template operator()<true, false, true>(k);
+      run.template operator()<true, true, true>(k);
+      run.template operator()<false, false, false>(k);
+      run.template operator()<true, true, false>(k);
+    }
+  }
+}
+
+namespace {
+/// A functor with state and a template call, as users write them.
+struct scaled_difference {
+  float scale;
+  template <class T, class U>
+  auto operator()(T a, U b) const {
+    return (a - b) * scale;
+  }
+};
+
+/// Counts its calls on this thread: a device's own evaluation, whatever the others do.
+std::size_t& calls() {
+  thread_local std::size_t count = 0;
+  return count;
+}
+struct counting_square {
+  float operator()(float v) const {
+    ++calls();
+    return v * v;
+  }
+};
+
+/// What the mapped functions printed, from every device thread.
+struct printed {
+  std::mutex lock;
+  std::vector<std::string> texts;
+  void add(const auto& x) {
+    std::lock_guard guard(lock);
+    texts.push_back(namedax_test::show(x));
+  }
+};
+}  // namespace
+
+TEST_SUITE("apply, printing and local") {
+  TEST_CASE("apply lifts a lambda, a user functor and an xtensor functor, in every placement") {
+    std::mt19937 rng(21);
+    const auto shape = mapped_shape(rng);
+    auto x = inputs<float>(rng, shape), y = inputs<float>(rng, shape);
+    auto hinge = [](float v, float w) { return v > w ? static_cast<double>(v - w) : 0.0; };
+    check_every_placement([hinge](auto x, auto y) { return namedax::eval(namedax::apply(hinge, x, y)); },
+                          [hinge](const auto& x, const auto& y) { return xt::xarray<double>(xt::make_lambda_xfunction(hinge, x, y)); },
+                          x, y);
+    check_every_placement(
+        [](auto x, auto y) { return namedax::eval(namedax::apply(scaled_difference{0.5f}, x, y)); },
+        [](const auto& x, const auto& y) { return xt::xarray<float>((x - y) * 0.5f); }, x, y);
+    check_every_placement([](auto x) { return namedax::eval(namedax::apply(xt::math::sin_fun{}, x)); },
+                          [](const auto& x) { return xt::xarray<float>(xt::sin(x)); }, x);
+    // With a scalar, a plain array and axis_index; the element type is the function's result.
+    const xt::xarray<float> row = inputs<float>(rng, {shape.back()});
+    auto mixed = [row](auto x) {
+      auto r = namedax::apply([](float v, int i, float w, double s) { return v * static_cast<float>(i) + w + s; }, x,
+                              namedax::axis_index("i"_ax), row, 0.25);
+      static_assert(std::is_same_v<typename decltype(r)::value_type, double>);
+      return namedax::eval(r);
+    };
+    xt::xarray<double> expected = xt::xarray<double>::from_shape(shape);
+    for (std::size_t i = 0; i < shape[0]; ++i)
+      xt::view(expected, i) = xt::view(x, i) * static_cast<float>(i) + row + 0.25;
+    CHECK_BITWISE(namedax::vmap<"i">(mixed)(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(mixed)(x), expected);
+    // Of axis_index alone: waits for the map, like any elementwise function of it.
+    auto index_only = [](auto x) {
+      return std::tuple{namedax::eval(x), namedax::apply([](int i) { return i * 10; }, namedax::axis_index("i"_ax))};
+    };
+    CHECK_BITWISE(std::get<1>(namedax::vmap<"i">(index_only)(x)), xt::arange<int>(shape[0]) * 10);
+    CHECK_BITWISE(std::get<1>(namedax::pmap<"i">(index_only)(x)), xt::arange<int>(shape[0]) * 10);
+  }
+
+  TEST_CASE("apply builds a lazy expression: nothing runs until it is evaluated") {
+    const xt::xarray<float> x = xt::arange<float>(12).reshape({3, 4});
+    std::atomic<int> eager{0}, uncounted{0};
+    auto f = [&](auto x) {
+      const std::size_t before = calls();
+      auto y = namedax::apply(counting_square{}, x);
+      auto z = y + 1.f;  // still lazy
+      if (calls() != before) ++eager;
+      auto e = namedax::eval(z);
+      if (calls() == before) ++uncounted;
+      return e;
+    };
+    const xt::xarray<float> expected = x * x + 1.f;
+    CHECK_BITWISE(namedax::vmap<"i">(f)(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x), expected);
+    CHECK(eager == 0);
+    CHECK(uncounted == 0);
+    // Returned unevaluated, the map evaluates it.
+    CHECK_BITWISE(namedax::pmap<"i">([](auto x) { return namedax::apply(counting_square{}, x); })(x), x * x);
+  }
+
+  TEST_CASE("operator<< prints the dtype, the axes with their placement, the names varied along and the value") {
+    const xt::xarray<int> x{{0, 1}, {2, 3}, {4, 5}};
+    printed out;
+    auto f = [&](auto x) {
+      out.add(x);
+      out.add(namedax::psum(x, "i"_ax));
+      return namedax::eval(x);
+    };
+    namedax::vmap<"i">(f)(x);
+    REQUIRE(out.texts.size() == 2);
+    CHECK(out.texts[0] == "named int32 (2,)\n  axes: i (vmap, size 3)\n  varies along: i\n  value (2, i=3):\n"
+                          "{{0, 2, 4},\n {1, 3, 5}}");
+    CHECK(out.texts[1] == "named int32 (2,)\n  axes: i (vmap, size 3)\n  varies along: none\n  value (2, i=1):\n"
+                          "{{6},\n {9}}");
+    out.texts.clear();
+    namedax::pmap<"i">(f)(x);
+    REQUIRE(out.texts.size() == 6);
+    std::sort(out.texts.begin(), out.texts.end());
+    CHECK(out.texts[0] == "named int32 (2,)\n  axes: i (pmap, device 0 of 3)\n  varies along: i\n  value (2,):\n{0, 1}");
+    CHECK(out.texts[2] == "named int32 (2,)\n  axes: i (pmap, device 1 of 3)\n  varies along: i\n  value (2,):\n{2, 3}");
+    CHECK(out.texts[5] == "named int32 (2,)\n  axes: i (pmap, device 2 of 3)\n  varies along: none\n  value (2,):\n{6, 9}");
+    // A 2-D mesh, an int8 value (printed as numbers) and a bool one.
+    out.texts.clear();
+    const xt::xarray<std::int8_t> small{{1, 2}, {3, 4}};
+    namedax::pmap<"i">(namedax::vmap<"j">([&](auto x) {
+      out.add(x);
+      out.add(x > std::int8_t{2});
+      return namedax::eval(x);
+    }))(small);
+    REQUIRE(out.texts.size() == 4);
+    std::sort(out.texts.begin(), out.texts.end());
+    CHECK(out.texts[0] == "named bool ()\n  axes: i (pmap, device 0 of 2), j (vmap, size 2)\n  varies along: i, j\n"
+                          "  value (j=2,):\n{false, false}");
+    CHECK(out.texts[2] == "named int8 ()\n  axes: i (pmap, device 0 of 2), j (vmap, size 2)\n  varies along: i, j\n"
+                          "  value (j=2,):\n{1, 2}");
+  }
+
+  TEST_CASE("local gives this device's value, the same in both modes") {
+    std::mt19937 rng(23);
+    const auto x = inputs<double>(rng, {4, 3});
+    std::mutex lock;
+    std::vector<xt::xarray<double>> seen;
+    auto f = [&](auto x) {
+      auto total = namedax::psum(x, "i"_ax);  // the same at every index: one local value
+      xt::xarray<double> mine = namedax::local(total);
+      static_assert(std::is_same_v<decltype(mine), xt::xarray<double>>);
+      std::lock_guard guard(lock);
+      seen.push_back(mine);
+      return namedax::eval(x);
+    };
+    namedax::vmap<"i">(f)(x);
+    namedax::pmap<"i">(f)(x);
+    REQUIRE(seen.size() == 5);
+    xt::xarray<double> expected = xt::zeros<double>({3});
+    for (std::size_t i = 0; i < 4; ++i) expected += xt::view(x, i);  // psum's order: index 0 first
+    for (const auto& s : seen) CHECK_BITWISE(s, seen[0]);
+    CHECK(seen[0].shape() == std::vector<std::size_t>{3});
+    CHECK(xt::allclose(seen[0], expected));
+    // Under pmap a value varying along the device axis is this device's slice.
+    std::atomic<int> wrong{0};
+    xt::xarray<int> indices = xt::arange<int>(4);
+    indices.reshape({4, 1});
+    namedax::pmap<"i">([&](auto v, auto i) {
+      if (!namedax_test::bitwise_equal(namedax::local(v), xt::view(x, namedax::local(i)(0)))) ++wrong;
+      return namedax::eval(v);
+    })(x, indices);
+    CHECK(wrong == 0);
+  }
+}
