@@ -46,7 +46,7 @@ have_mpi=1
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DNAMEDAX_BUILD_TESTS=OFF -DNAMEDAX_BUILD_EXAMPLES=OFF \
   -DNAMEDAX_BUILD_BENCHMARKS=ON >/dev/null
-targets=(device_collectives vectorized_collectives)
+targets=(device_collectives vectorized_collectives local_ops)
 build_targets=$(cmake --build "$build" --target help)  # mpi_baseline exists only where CMake found MPI
 if [ "$have_mpi" -eq 1 ] && [[ "$build_targets" == *mpi_baseline* ]]; then
   targets+=(mpi_baseline mpi_overhead)
@@ -101,6 +101,10 @@ start=$(date +%s)
     --collectives "${collectives// /,}" --gather-cap-mib "$gather_cap_mib" --out "$results/device.csv"
   echo
   "$build/benchmarks/vectorized_collectives" --mib "$vmap_mib" --axis 16 --out "$results/vectorized.csv"
+  echo
+  # Local reductions and scans under vmap against xt::sum and hand loops (smaller with --quick).
+  if [ "$quick" -eq 1 ]; then "$build/benchmarks/local_ops" --axis 16 --rows 1024 --cols 1024
+  else "$build/benchmarks/local_ops" --axis 16 --rows 4096 --cols 1024; fi
   python3 benchmarks/report.py "$results"
   if [ "$have_mpi" -eq 1 ]; then
     overhead_sizes="1024,65536,1048576,16777216"
