@@ -27,7 +27,8 @@ cmake --build build/asan -j2
 (cd build/asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest -L "runtime|examples" --output-on-failure -j2 --timeout 900)
 
-# ThreadSanitizer: every runtime test (devices, tracing, random programs in every placement).
+# ThreadSanitizer: the runtime tests of namedax_tests (devices, tracing, random programs in every
+# placement); the array vocabulary's program, positional code on each device, runs under ASan above.
 cmake -S . -B build/tsan "${common[@]}" -DNAMEDAX_SANITIZED_TESTS=ON -DNAMEDAX_BUILD_EXAMPLES=OFF \
   -DCMAKE_CXX_FLAGS="-O0 -fsanitize=thread" >/dev/null
 cmake --build build/tsan -j2 --target namedax_tests
