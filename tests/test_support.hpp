@@ -21,7 +21,8 @@ bool bitwise_equal(const A& a, const B& b) {
   xt::xarray<typename B::value_type> y = b;
   static_assert(std::is_same_v<typename A::value_type, typename B::value_type>);
   if (x.shape() != y.shape()) return false;
-  return std::memcmp(x.data(), y.data(), x.size() * sizeof(typename A::value_type)) == 0;
+  // An empty array's data() may be null, which memcmp must not be given.
+  return x.size() == 0 || std::memcmp(x.data(), y.data(), x.size() * sizeof(typename A::value_type)) == 0;
 }
 
 /// bitwise_equal leaf by leaf, for tuples and pairs of arrays (nested too).

@@ -466,11 +466,11 @@ void fold_members(std::span<const T* const> members, std::span<const std::size_t
                       } else if (m == 0 && is == 1 && os == 1)
                         std::copy(a, a + len, b);
                       else if (m == 0)
-                        for (std::size_t k = 0; k < len; ++k) b[k * os] = a[k * is];
+                        for (std::ptrdiff_t k = 0; k < static_cast<std::ptrdiff_t>(len); ++k) b[k * os] = a[k * is];
                       else if (is == 1 && os == 1)  // the common case
                         fold_line(b, a, len, op);
                       else
-                        for (std::size_t k = 0; k < len; ++k) b[k * os] = op(b[k * os], a[k * is]);
+                        for (std::ptrdiff_t k = 0; k < static_cast<std::ptrdiff_t>(len); ++k) b[k * os] = op(b[k * os], a[k * is]);
                     }
                   }
                 });
@@ -585,7 +585,7 @@ void copy_strided(const strided_block<S>& in, T* out, std::span<const std::ptrdi
                     if (is == 1 && os == 1)
                       for (std::size_t k = 0; k < n; ++k) b[k] = static_cast<T>(a[k]);
                     else
-                      for (std::size_t k = 0; k < n; ++k) b[k * os] = static_cast<T>(a[k * is]);
+                      for (std::ptrdiff_t k = 0; k < static_cast<std::ptrdiff_t>(n); ++k) b[k * os] = static_cast<T>(a[k * is]);
                   });
     return;
   }

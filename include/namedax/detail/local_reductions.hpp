@@ -205,9 +205,9 @@ void fold_along_kept(const strided_block<T>& in, const reduction_plan& p, T* out
                     for_each_member(p, [&](std::ptrdiff_t m) {
                       const T* a = a0 + m;
                       if (first && is == 1 && os == 1) std::copy(a, a + len, b);
-                      else if (first) for (std::size_t k = 0; k < len; ++k) b[k * os] = a[k * is];
+                      else if (first) for (std::ptrdiff_t k = 0; k < static_cast<std::ptrdiff_t>(len); ++k) b[k * os] = a[k * is];
                       else if (is == 1 && os == 1) fold_line(b, a, len, op);
-                      else for (std::size_t k = 0; k < len; ++k) b[k * os] = op(b[k * os], a[k * is]);
+                      else for (std::ptrdiff_t k = 0; k < static_cast<std::ptrdiff_t>(len); ++k) b[k * os] = op(b[k * os], a[k * is]);
                       first = false;
                     });
                   }
