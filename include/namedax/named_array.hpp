@@ -458,7 +458,7 @@ inline constexpr bool positional_dim_in_range =
 /// that insert a dim); an int dim is checked at run time by the operation.
 template <class X, std::size_t Extra = 0, class D>
 constexpr void check_static_dim(D) {
-  if constexpr (requires { D::value; }) {
+  if constexpr (is_dim_constant<D>) {
     constexpr std::size_t rank = static_positional_rank<std::remove_cvref_t<X>>();
     constexpr std::size_t positions = rank == dynamic_extent ? rank : rank + Extra;
     static_assert(positional_dim_in_range<D::value, positions>,
