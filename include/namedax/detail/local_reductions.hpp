@@ -157,15 +157,16 @@ member_rows<T> rows_of(const strided_block<T>& in, const reduction_plan& p, std:
 }
 
 /// Calls `row(first, step, count, out_offset)` for every output element, row-major over the
-/// kept dims.
+/// kept dims. With no members (an empty reduced dim) `first` is not to be read, and the data
+/// may be null, so no offset is applied to it.
 template <class T, class Row>
 void for_each_row(const member_rows<T>& r, Row&& row) {
   const auto out_strides = row_major_strides(r.kept.shape);
   for_each_line(r.kept.shape, r.kept.strides, out_strides,
                 [&](std::ptrdiff_t i, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t is, std::ptrdiff_t os) {
                   for (std::size_t k = 0; k < n; ++k)
-                    row(r.kept.data + i + static_cast<std::ptrdiff_t>(k) * is, r.step, r.count,
-                        o + static_cast<std::ptrdiff_t>(k) * os);
+                    row(r.count == 0 ? r.kept.data : r.kept.data + i + static_cast<std::ptrdiff_t>(k) * is, r.step,
+                        r.count, o + static_cast<std::ptrdiff_t>(k) * os);
                 });
 }
 
