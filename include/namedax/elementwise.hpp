@@ -233,7 +233,7 @@ auto apply(F f, Xs&&... xs) {
 template <NamedValue X>
 auto local(const X& x) {
   using Y = std::remove_cvref_t<X>;
-  static_assert(detail::varies_along_no_vmap_axis<typename Y::env_type, Y::varying>,
+  static_assert(detail::is_one_value_per_device<typename Y::env_type, Y::varying>,
                 "namedax::local: this value varies along a vmap axis, so it has one value per index, not one local "
                 "value; return it from the map, reduce over the axis (psum, ...), or map the axis with pmap");
   return detail::local_value(x);

@@ -108,10 +108,6 @@ auto apply_elementwise(F f, const Xs&... xs) {
       xs...);
 }
 
-// Named so that a failing static_assert prints the environment and the mask.
-template <class Env, axis_mask Varying>
-inline constexpr bool varies_along_no_vmap_axis = (Varying & Env::vectorized_mask) == 0;
-
 /// The value of `x` on this device (or, under vmap, the one value it has at every index), with
 /// its positional shape.
 template <class E, class Env, axis_mask V>
