@@ -3,7 +3,17 @@
 // nesting, and their errors.
 #include "test_support.hpp"
 
+#include <boost/hana/define_struct.hpp>
+
 using namespace namedax::literals;
+
+namespace {
+/// Parameters with a member type each, as the maps rebuild them around views.
+template <class W, class B>
+struct layer {
+  BOOST_HANA_DEFINE_STRUCT(layer, (W, w), (B, b));
+};
+}  // namespace
 
 TEST_SUITE("maps") {
   TEST_CASE("in_axes per argument and out_axes") {
@@ -125,5 +135,63 @@ TEST_SUITE("maps") {
     xt::xarray<int> expected{{0, 1, 2}, {6, 8, 10}};
     CHECK_BITWISE(namedax::vmap<"i">(outer)(x), expected);
     CHECK_BITWISE(namedax::pmap<"i">(outer)(x), expected);
+  }
+
+  TEST_CASE("pytree arguments: in_axes is a prefix of the argument list, leaf by leaf") {
+    xt::xarray<double> w = xt::arange<double>(6).reshape({2, 3});  // mapped along dim 1
+    xt::xarray<double> b{10., 20.};                                 // not mapped
+    xt::xarray<double> x = xt::arange<double>(3);                   // mapped along dim 0
+    auto f = [](const auto& params, const auto& pair) {
+      return params.w * pair.first + params.b + pair.second;
+    };
+    const layer<xt::xarray<double>, xt::xarray<double>> params{w, b};
+    const auto in_axes = std::tuple{std::tuple{1, namedax::none}, std::pair{0, namedax::none}};
+    const std::pair<xt::xarray<double>, double> pair{x, 0.5};
+    xt::xarray<double> expected = xt::transpose(w * x + xt::view(b, xt::all(), xt::newaxis()) + 0.5);
+    CHECK_BITWISE(namedax::vmap<"i">(f, in_axes)(params, pair), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(f, in_axes)(params, pair), expected);
+    // Nested: the outer map takes dim 0 of every array leaf; the scalar is not mapped.
+    const layer<xt::xarray<double>, xt::xarray<double>> batched{xt::stack(xt::xtuple(w, w + 1.)), xt::stack(xt::xtuple(b, b))};
+    const std::pair<xt::xarray<double>, double> pairs{xt::stack(xt::xtuple(x, x)), 0.5};
+    const auto outer_axes = std::tuple{0, std::pair{0, namedax::none}};
+    xt::xarray<double> second = xt::transpose((w + 1.) * x + xt::view(b, xt::all(), xt::newaxis()) + 0.5);
+    xt::xarray<double> both = xt::stack(xt::xtuple(expected, second));
+    CHECK_BITWISE(namedax::pmap<"j">(namedax::vmap<"i">(f, in_axes), outer_axes)(batched, pairs), both);
+    CHECK_BITWISE(namedax::vmap<"j">(namedax::pmap<"i">(f, in_axes), outer_axes)(batched, pairs), both);
+  }
+
+  TEST_CASE("out_axes per result; none returns a result that does not vary once, unstacked") {
+    xt::xarray<int> x = xt::arange<int>(6).reshape({3, 2});
+    auto f = [](auto v) { return std::tuple{v * 2, namedax::psum(v, "i"_ax), std::pair{v, namedax::pmax(v, "i"_ax)}}; };
+    const auto out_axes = std::tuple{1, namedax::none, std::pair{0, namedax::none}};
+    xt::xarray<int> doubled = xt::transpose(x * 2);
+    xt::xarray<int> sum = xt::sum(x, {0});
+    xt::xarray<int> max = xt::amax(x, {0});
+    auto check = [&](const auto& out) {
+      CHECK_BITWISE(std::get<0>(out), doubled);
+      CHECK_BITWISE(std::get<1>(out), sum);
+      CHECK_BITWISE(std::get<2>(out).first, x);
+      CHECK_BITWISE(std::get<2>(out).second, max);
+    };
+    check(namedax::vmap<"i">(f, 0, out_axes)(x));
+    check(namedax::pmap<"i">(f, 0, out_axes)(x));
+    // Inside an outer map, the unstacked result keeps varying along the outer axis only.
+    xt::xarray<int> xs = xt::stack(xt::xtuple(x, x + 1));
+    auto g = [&](auto v) { return namedax::vmap<"i">(f, 0, out_axes)(v); };
+    const auto [d, s, p] = namedax::pmap<"j">(g)(xs);
+    CHECK_BITWISE(s, xt::xarray<int>(xt::stack(xt::xtuple(sum, sum + 3))));
+    CHECK_BITWISE(p.second, xt::xarray<int>(xt::stack(xt::xtuple(max, max + 1))));
+    CHECK_BITWISE(d, xt::xarray<int>(xt::stack(xt::xtuple(doubled, doubled + 2))));
+  }
+
+  TEST_CASE("a pytree leaf of another size along the axis is an error naming the argument and the leaf") {
+    xt::xarray<float> a = xt::zeros<float>({4}), b = xt::zeros<float>({3});
+    auto f = [](auto a, auto pair) { return a + pair.first + pair.second; };
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(f)(a, std::pair{a, b}); }) ==
+          "namedax::vmap<\"i\">: mapped arguments differ in size along the axis: argument 0 has 4, argument 1, leaf 1 "
+          "has 3 (positional shape (3,))");
+    CHECK_THROWS_WITH_AS(namedax::pmap<"i">(f, std::tuple{0, std::pair{0, 1}})(a, std::pair{a, a}),
+                         doctest::Contains("in_axes of argument 1, leaf 1 1 is out of range for 1 positions"),
+                         namedax::error);
   }
 }

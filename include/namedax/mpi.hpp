@@ -554,8 +554,8 @@ class environment {
 /// of the result, extent 1 along out_axes, as JAX's multi-process pmap). The axis size is
 /// the arguments' extent, else `axis_size`, else the number of processes.
 ///   namedax::mpi::pmap<"i">([](auto x) { return namedax::psum(x, "i"_ax); })(xt::arange<int>(4))  // {6, 6, 6, 6}
-template <fixed_string Name, std::size_t Extent = dynamic_extent, class F, class InAxes = int>
-auto pmap(F f, InAxes in_axes = 0, int out_axes = 0, std::size_t axis_size = 0) {
+template <fixed_string Name, std::size_t Extent = dynamic_extent, class F, class InAxes = int, class OutAxes = int>
+auto pmap(F f, InAxes in_axes = 0, OutAxes out_axes = 0, std::size_t axis_size = 0) {
   return [f = std::move(f), in_axes, out_axes, axis_size](const auto&... args) {
     auto grid = detail::enclosing_grid(Name.view());
     // A check of this process's own arguments that fails throws before the map's first

@@ -4,14 +4,11 @@
 #pragma once
 
 #include <namedax/detail/kernels.hpp>
+#include <namedax/detail/pytree.hpp>
 #include <namedax/detail/runtime.hpp>
 #include <namedax/error.hpp>
 #include <namedax/named_shape.hpp>
 
-#include <boost/hana/accessors.hpp>
-#include <boost/hana/concept/struct.hpp>
-#include <boost/hana/second.hpp>
-#include <boost/hana/unpack.hpp>
 #include <xtensor/xarray.hpp>
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xeval.hpp>
@@ -501,86 +498,6 @@ template <class Fn, class... Names>
 struct deferred_from<Fn, type_list<Names...>> {
   using type = deferred<Fn, Names...>;
 };
-
-template <class T>
-inline constexpr bool is_tuple_like = false;
-template <class... T>
-inline constexpr bool is_tuple_like<std::tuple<T...>> = true;
-template <class T, std::size_t N>
-inline constexpr bool is_tuple_like<std::array<T, N>> = true;
-template <class A, class B>
-inline constexpr bool is_tuple_like<std::pair<A, B>> = true;
-
-template <class T>
-inline constexpr bool is_std_array = false;
-template <class T, std::size_t N>
-inline constexpr bool is_std_array<std::array<T, N>> = true;
-template <class T>
-inline constexpr bool is_std_pair = false;
-template <class A, class B>
-inline constexpr bool is_std_pair<std::pair<A, B>> = true;
-
-/// A Boost.Hana struct (BOOST_HANA_DEFINE_STRUCT) is a pytree node too.
-template <class X>
-concept HanaStruct = boost::hana::Struct<X>::value;
-
-/// A pytree node: its children are leaves or nodes.
-template <class X>
-inline constexpr bool is_node = is_tuple_like<X> || HanaStruct<X>;
-
-/// The children of a pytree node, as a std::tuple of references.
-template <class X>
-auto children(const X& x) {
-  if constexpr (HanaStruct<X>)
-    return boost::hana::unpack(boost::hana::accessors<X>(),
-                               [&](auto... member) { return std::tie(boost::hana::second(member)(x)...); });
-  else
-    return std::apply([](const auto&... child) { return std::tie(child...); }, x);
-}
-
-template <class X, class U>
-struct rebind_struct {
-  static_assert(always_false<X>,
-                "namedax: a Boost.Hana struct whose members change type must be a template of one type, such as "
-                "template <class T> struct params { BOOST_HANA_DEFINE_STRUCT(params, (T, w), (T, b)); }");
-};
-template <template <class> class S, class T, class U>
-struct rebind_struct<S<T>, U> {
-  using type = S<U>;
-};
-
-/// A node shaped as `X` (std::array, std::pair, std::tuple or Hana struct) of `parts`.
-template <class X, class... Parts>
-auto make_like(Parts&&... parts) {
-  if constexpr (is_std_array<X>) {
-    return std::array{std::forward<Parts>(parts)...};
-  } else if constexpr (is_std_pair<X>) {
-    return std::pair{std::forward<Parts>(parts)...};
-  } else if constexpr (HanaStruct<X>) {
-    if constexpr (requires { X{std::forward<Parts>(parts)...}; }) return X{std::forward<Parts>(parts)...};
-    else return typename rebind_struct<X, std::common_type_t<std::remove_cvref_t<Parts>...>>::type{std::forward<Parts>(parts)...};
-  } else {
-    return std::tuple{std::forward<Parts>(parts)...};
-  }
-}
-
-/// Maps a leaf function over a pytree: a single value, or a std::tuple, std::pair,
-/// std::array or Boost.Hana struct of pytrees; the result has the same structure.
-template <class X, class Leaf>
-auto tree_map(const X& x, Leaf&& leaf) {
-  if constexpr (is_node<X>) {
-    return std::apply([&](const auto&... xs) { return make_like<X>(tree_map(xs, leaf)...); }, children(x));
-  } else {
-    return leaf(x);
-  }
-}
-
-/// Calls `f` on every leaf of a pytree, in order.
-template <class X, class F>
-void tree_for_each(const X& x, F&& f) {
-  if constexpr (is_node<X>) std::apply([&](const auto&... xs) { (tree_for_each(xs, f), ...); }, children(x));
-  else f(x);
-}
 
 /// Checks that the broadcast of a new elementwise node's operands can be counted, naming
 /// their positional shapes (the payload's, without the `vectorized` dims at its end) if not.

@@ -1,0 +1,530 @@
+// SPDX-License-Identifier: MIT
+// The body of a map: its arguments checked and viewed per index (map_call), then one runner
+// per placement: vectorized (one call, the axis a trailing dim), devices (one thread per
+// index) and processes (one MPI process per index). Results are stacked leaf by leaf.
+#pragma once
+
+#include <namedax/detail/devices.hpp>
+#include <namedax/detail/pytree.hpp>
+#include <namedax/detail/reduction.hpp>
+#include <namedax/named_array.hpp>
+
+#include <optional>
+#include <tuple>
+
+namespace namedax {
+
+/// `in_axes` / `out_axes` entry of a leaf that is not mapped (JAX's None). As an out_axes
+/// entry, the result must not vary along the axis (checked at compile time); the map returns
+/// its one value instead of stacking copies.
+struct none_t {
+  explicit constexpr none_t() = default;
+};
+inline constexpr none_t none{};
+
+/// Named by the first error line when a map's out_axes entry for a result is `none` but the
+/// result varies along the map's axis: the type, left incomplete, carries the axis and the
+/// index of the result's leaf.
+template <Axis A, std::size_t ResultLeaf>
+struct out_axes_none_but_result_varies_along_axis;
+
+namespace detail {
+
+/// Keeps an argument's data alive and addressable with strides for the whole call: the
+/// caller's container itself, or a container evaluated from an expression or named payload.
+template <class X>
+auto hold(const X& x) {
+  if constexpr (NamedValue<X>) return evaluate(x.payload());
+  else if constexpr (std::is_arithmetic_v<X>) return x;
+  else if constexpr (std::is_base_of_v<xt::xcontainer<X>, X>) return std::cref(x);  // views are copied: their offset
+  else return evaluate(x);
+}
+template <class H>
+const auto& held(const H& h) {
+  if constexpr (requires { h.get(); }) return h.get();
+  else return h;
+}
+
+template <class X>
+constexpr std::size_t vectorized_dims_of() {
+  if constexpr (NamedValue<X>) return X::env_type::vectorized_count;
+  else return 0;
+}
+
+inline std::size_t canonical_axis(std::string_view verb, std::string_view name, std::string_view what, int axis,
+                                  std::size_t count) {
+  int d = axis < 0 ? axis + static_cast<int>(count) : axis;
+  if (d < 0 || d >= static_cast<int>(count))
+    fail("namedax::", verb, "<\"", name, "\">: ", what, " ", axis, " is out of range for ", count, " positions");
+  return static_cast<std::size_t>(d);
+}
+
+/// The dims of a mapped view: a std::array when the payload's rank is known at compile time
+/// (a fixed-rank argument such as xt::xtensor<float, 2>), so that its type says its rank.
+template <std::size_t Rank, class T>
+class view_dims {
+ public:
+  void push_back(T v) { dims_[size_++] = v; }
+  auto take() && { return dims_; }
+
+ private:
+  std::array<T, Rank> dims_{};
+  std::size_t size_ = 0;
+};
+template <class T>
+class view_dims<dynamic_extent, T> {
+ public:
+  void push_back(T v) { dims_.push_back(v); }
+  auto take() && { return std::move(dims_); }
+
+ private:
+  xt::dynamic_shape<T> dims_;
+};
+
+/// The rank of the payload a mapped argument of type X gets, when its type fixes it: its own
+/// positional dims (less the mapped one), then the environment's vectorized dims.
+template <class X, bool Mapped, class Inner>
+constexpr std::size_t mapped_payload_rank() {
+  if constexpr (PlainValue<X> && !std::is_arithmetic_v<X> && xt::get_rank<X>::value != SIZE_MAX)
+    return xt::get_rank<X>::value - (Mapped ? 1 : 0) + Inner::vectorized_count;
+  else
+    return dynamic_extent;
+}
+
+/// The argument as the mapped function sees it: a strided view (no copy) whose positional
+/// dims drop the mapped one, followed by the vectorized dims of the environment. Under vmap
+/// the mapped dim becomes the last vectorized dim; under pmap device `device` takes its slice.
+template <class Inner, placement P, std::size_t ArgVec, std::size_t Rank, class C>
+auto mapped_view(const C& c, std::optional<std::size_t> dim, std::size_t device) {
+  constexpr std::size_t outer_vec = Inner::vectorized_count - (P == placement::vectorized ? 1 : 0);
+  const auto& s = c.shape();
+  const auto& st = c.strides();
+  view_dims<Rank, std::size_t> shape;
+  view_dims<Rank, std::ptrdiff_t> strides;
+  for (std::size_t k = 0; k < c.dimension(); ++k)
+    if (k != dim) shape.push_back(s[k]), strides.push_back(s[k] == 1 ? 0 : st[k]);
+  for (std::size_t k = ArgVec; k < outer_vec; ++k) shape.push_back(1), strides.push_back(0);
+  std::size_t offset = 0;
+  if constexpr (P == placement::vectorized) {
+    shape.push_back(dim ? s[*dim] : 1);
+    strides.push_back(dim && s[*dim] != 1 ? st[*dim] : 0);
+  } else if (dim) {
+    offset = device * static_cast<std::size_t>(st[*dim]);
+  }
+  return xt::strided_view(c, std::move(shape).take(), std::move(strides).take(), offset, xt::layout_type::dynamic);
+}
+
+/// A result leaf of the mapped function as a named value of the map's environment.
+template <class Inner, class L>
+auto to_inner(const L& leaf) {
+  if constexpr (DeferredValue<L>) {
+    return leaf.template resolve<Inner>();
+  } else if constexpr (std::is_same_v<typename env_of<L>::type, Inner>) {
+    return leaf;
+  } else if constexpr (std::is_arithmetic_v<L>) {
+    std::array<std::size_t, Inner::vectorized_count> ones;
+    ones.fill(1);
+    xt::xarray<L> a = xt::xarray<L>::from_shape(ones);
+    a.fill(leaf);
+    return make_named<shared_array<L>, Inner, 0>(share_array<L>(std::move(a)));
+  } else {
+    auto p = payload_in<Inner>(leaf);
+    return make_named<decltype(p), Inner, mask_of<L>()>(std::move(p));
+  }
+}
+
+template <class Inner, class L>
+inline constexpr axis_mask result_mask = decltype(to_inner<Inner>(std::declval<const L&>()))::varying;
+
+/// Where a map's output goes: its shape (a slab's, with the mapped axis of `count` inserted
+/// at out_axes), the strides of a slab's dims in it, and the step from one slab to the next.
+struct stacked_layout {
+  dims_t shape;
+  strides_t slab_strides;
+  std::ptrdiff_t slot_step;
+};
+
+/// `outer_vectorized`: the number of vectorized dims of the environment around the map, which
+/// end each slab.
+inline stacked_layout stack_layout(std::string_view verb, std::string_view name, std::span<const std::size_t> slab,
+                                   std::size_t count, int out_axes, std::size_t outer_vectorized) {
+  const std::size_t positional = slab.size() - outer_vectorized;
+  const std::size_t o = canonical_axis(verb, name, "out_axes", out_axes, positional + 1);
+  stacked_layout l{{}, {}, 0};
+  for (std::size_t k = 0; k <= slab.size(); ++k) {
+    if (k == o) l.shape.push_back(count);
+    if (k < slab.size()) l.shape.push_back(slab[k]);
+  }
+  if (element_count_overflows(l.shape))
+    fail("namedax::", verb, "<\"", name, "\">: stacking ", count, " results of shape ", slab,
+         " gives more elements than std::size_t counts; slice or reduce the results first");
+  l.slab_strides = row_major_strides(l.shape);
+  l.slot_step = l.slab_strides[o];
+  l.slab_strides.erase(l.slab_strides.begin() + static_cast<std::ptrdiff_t>(o));
+  return l;
+}
+
+/// The map's output array as its result: the array itself, or in an enclosing map a value of
+/// the outer environment that no longer varies along this map's axis.
+template <class Outer, axis_mask Varying, class T>
+auto stacked_result(xt::xarray<T> out) {
+  if constexpr (Outer::size == 0) {
+    return out;
+  } else {
+    constexpr axis_mask own_bit = axis_mask{1} << Outer::size;
+    return make_named<shared_array<T>, Outer, Varying & ~own_bit>(share_array(std::move(out)));
+  }
+}
+
+/// The map's output for one result leaf, from one slab per index of the mapped axis (each
+/// with the positional dims, then the outer environment's vectorized dims): the new axis
+/// goes to position out_axes, and the value keeps the outer environment.
+template <class T>
+xt::xarray<T> stack_slabs(std::string_view verb, std::string_view name, const std::vector<strided_block<T>>& slabs,
+                          int out_axes, std::size_t outer_vectorized) {
+  const stacked_layout l = stack_layout(verb, name, slabs.front().shape, slabs.size(), out_axes, outer_vectorized);
+  auto out = uninitialized_array<T>(l.shape);
+  for (std::size_t d = 0; d < slabs.size(); ++d)
+    copy_strided(slabs[d], out.data() + static_cast<std::ptrdiff_t>(d) * l.slot_step, l.slab_strides);
+  return out;
+}
+
+/// Checks at compile time that a result leaf whose out_axes entry is `none` does not vary
+/// along the map's axis, the last of `Inner`.
+template <class Binding, class Inner, std::size_t Leaf, class Entry, class L>
+constexpr void check_unstacked() {
+  if constexpr (std::is_same_v<Entry, none_t>) {
+    constexpr axis_mask own_bit = axis_mask{1} << (Inner::size - 1);
+    if constexpr ((result_mask<Inner, L> & own_bit) != 0)
+    {
+      (void)sizeof(out_axes_none_but_result_varies_along_axis<typename Binding::axis_type, Leaf>);
+      static_assert(always_false<typename Binding::axis_type>, "namedax: out_axes is namedax::none for a result that varies along the map's axis; "
+                                     "reduce it (psum, pmax, ...) first, or give it an out_axes position to stack it");
+    }
+  }
+}
+
+/// The environment of a map's arguments, from their leaves.
+template <class Leaves>
+struct leaves_env;
+template <class... L>
+struct leaves_env<std::tuple<L...>> : merged_env<env<>, std::remove_cvref_t<L>...> {};
+
+/// "argument 2", or "argument 1, leaf 3" for a leaf of a pytree argument.
+template <class... Args>
+std::string argument_name(std::size_t leaf) {
+  constexpr std::array<std::size_t, sizeof...(Args)> counts{leaf_count<Args>()...};
+  for (std::size_t k = 0; k < counts.size(); leaf -= counts[k], ++k)
+    if (leaf < counts[k]) return counts[k] == 1 ? message("argument ", k) : message("argument ", k, ", leaf ", leaf);
+  return message("leaf ", leaf);
+}
+
+/// One call of a map: the arguments' leaves held and checked (which dim of each is mapped,
+/// the axis size), and the mapped function called on the arguments of one index.
+template <class Binding, class F, class InEntries, class... Args>
+class map_call {
+  using A = typename Binding::axis_type;
+  using leaf_refs = decltype(tree_leaves(std::declval<const std::tuple<const Args&...>&>()));
+  static constexpr std::size_t count = std::tuple_size_v<leaf_refs>;
+  template <std::size_t K>
+  using leaf_type = std::remove_cvref_t<std::tuple_element_t<K, leaf_refs>>;
+  template <std::size_t K>
+  static constexpr bool mapped = !std::is_same_v<std::tuple_element_t<K, InEntries>, none_t>;
+
+ public:
+  using outer_env = typename leaves_env<leaf_refs>::type;
+  using inner_env = typename env_push<outer_env, Binding>::type;
+
+  map_call(std::string_view verb, const F& f, const InEntries& entries, std::size_t axis_size,
+           process_grid* processes, const Args&... args)
+      : verb_(verb), f_(f), holders_(hold_all(std::tuple<const Args&...>(args...))) {
+    if constexpr (outer_env::index_of(A::name) >= 0) (void)sizeof(axis_bound_twice<A>);
+    // Over plain data the types cannot show an enclosing map of the same name; the thread's frames do.
+    if (const frame* enclosing = find_frame(A::name))
+      fail("namedax::", verb, "<\"", A::name, "\">: axis '", A::name, "' is already bound by an enclosing namedax::",
+           map_verb(*enclosing), "<\"", A::name, "\">; give the inner map an axis name of its own");
+    std::optional<std::size_t> size = mapped_dims(entries);
+    if (processes) size = process_axis_size(size, axis_size, *processes);
+    if (size && axis_size && *size != axis_size)  // JAX raises too; ignoring either would map the wrong size
+      fail("namedax::", verb, "<\"", A::name, "\">: the arguments give axis size ", *size, " but axis_size is ",
+           axis_size);
+    if (!size) {
+      if (axis_size == 0)
+        fail("namedax::", verb, "<\"", A::name, "\">: no argument is mapped, so the axis size is unknown; pass axis_size");
+      size = axis_size;
+    }
+    size_ = *size;
+    if (Binding::extent != dynamic_extent && size_ != Binding::extent)
+      fail("namedax::", verb, "<\"", A::name, "\">: the axis has static size ", Binding::extent,
+           " but the arguments give ", size_);
+    if (Binding::place == placement::devices && size_ == 0)
+      fail("namedax::", verb, "<\"", A::name, "\">: cannot map over zero devices");
+  }
+
+  [[nodiscard]] std::string_view verb() const { return verb_; }
+  [[nodiscard]] std::size_t size() const { return size_; }
+  /// A process map given each process's own slice (extent 1) rather than the whole arguments.
+  [[nodiscard]] bool own_slices() const { return own_slices_; }
+
+  /// The mapped function on the arguments of index `index`, pytrees built again around views.
+  auto operator()(std::size_t index) const {
+    auto leaves = [&]<std::size_t... K>(std::index_sequence<K...>) {
+      return std::tuple{argument<K>(index)...};
+    }(std::make_index_sequence<count>{});
+    auto args = tree_unflatten<std::tuple<Args...>>(leaves);
+    return std::apply(f_, std::move(args));
+  }
+
+ private:
+  static auto hold_all(const std::tuple<const Args&...>& args) {
+    return std::apply([](const auto&... leaf) { return std::tuple{hold(leaf)...}; }, tree_leaves(args));
+  }
+
+  /// Which positional dim of each mapped leaf the map takes, and the size they agree on.
+  std::optional<std::size_t> mapped_dims(const InEntries& entries) {
+    std::optional<std::size_t> size;
+    std::size_t size_from = 0;
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (
+          [&] {
+            if constexpr (mapped<K>) {
+              static_assert(!std::is_arithmetic_v<leaf_type<K>>,
+                            "namedax::vmap/pmap: a scalar argument cannot be mapped; give it in_axes namedax::none");
+              const auto& c = held(std::get<K>(holders_));
+              const std::size_t rank = c.dimension() - vectorized_dims_of<leaf_type<K>>();
+              const std::size_t d = canonical_axis(verb_, A::name, message("in_axes of ", argument_name<Args...>(K)),
+                                                   std::get<K>(entries), rank);
+              dims_[K] = d;
+              if (size && *size != c.shape()[d])
+                fail("namedax::", verb_, "<\"", A::name, "\">: mapped arguments differ in size along the axis: ",
+                     argument_name<Args...>(size_from), " has ", *size, ", ", argument_name<Args...>(K), " has ",
+                     c.shape()[d], " (positional shape ",
+                     std::vector<std::size_t>(c.shape().begin(), c.shape().begin() + static_cast<std::ptrdiff_t>(rank)),
+                     ")");
+              if (!size) size = c.shape()[d], size_from = K;
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<count>{});
+    return size;
+  }
+
+  /// A process map may also take each process's own slice (extent 1), and defaults to every process.
+  std::size_t process_axis_size(std::optional<std::size_t> size, std::size_t axis_size, process_grid& processes) {
+    const std::size_t available = processes.block_size();
+    const std::size_t given = axis_size ? axis_size : size && *size != 1 ? *size : available;
+    own_slices_ = size && *size == 1 && given != 1;
+    if (size && !own_slices_ && *size != given)
+      fail("namedax::", verb_, "<\"", A::name, "\">: the arguments give axis size ", *size, " but axis_size is ", given);
+    if (given == 0 || available % given != 0)
+      fail("namedax::", verb_, "<\"", A::name, "\">: an axis of size ", given, " cannot be spread over ", available,
+           " processes; the number of processes must be a multiple of the axis size");
+    return given;
+  }
+
+  template <std::size_t K>
+  auto argument(std::size_t index) const {
+    using X = leaf_type<K>;
+    if constexpr (std::is_arithmetic_v<X>) {
+      return std::get<K>(holders_);
+    } else {
+      constexpr axis_mask own_bit = axis_mask{1} << (inner_env::size - 1);
+      constexpr axis_mask varying = mask_of<X>() | (mapped<K> ? own_bit : 0);
+      constexpr std::size_t rank = mapped_payload_rank<X, mapped<K>, inner_env>();
+      auto view = mapped_view<inner_env, Binding::place, vectorized_dims_of<X>(), rank>(
+          held(std::get<K>(holders_)), dims_[K], own_slices_ ? 0 : index);
+      return make_named<decltype(view), inner_env, varying>(std::move(view));
+    }
+  }
+
+  std::string_view verb_;
+  const F& f_;
+  decltype(hold_all(std::declval<const std::tuple<const Args&...>&>())) holders_;
+  std::array<std::optional<std::size_t>, count> dims_{};
+  std::size_t size_ = 0;
+  bool own_slices_ = false;
+};
+
+/// The results of a map over `call`, leaf by leaf: `output(leaf, entry)` for each leaf of the
+/// mapped function's result with its out_axes entry, built again into the result's structure.
+template <class Result, class OutAxes, class Output>
+auto each_output(const OutAxes& out_axes, Output&& output) {
+  const auto entries = spread_prefix<Result>(out_axes);
+  auto outputs = [&]<std::size_t... K>(std::index_sequence<K...>) {
+    return std::tuple{output.template operator()<K>(std::get<K>(entries))...};
+  }(std::make_index_sequence<leaf_count<Result>()>{});
+  return tree_unflatten<Result>(outputs);
+}
+
+/// vmap: one call, the axis a trailing vectorized dim of every value.
+template <class Binding, class Call, class OutAxes>
+auto run_vectorized(const Call& call, const OutAxes& out_axes) {
+  using Outer = typename Call::outer_env;
+  using Inner = typename Call::inner_env;
+  constexpr std::string_view name = Binding::axis_type::name;
+  const std::size_t n = call.size();
+  frame_scope scope(frame{name, n, placement::vectorized, 0, nullptr, nullptr});
+  auto result = call(0);
+  const auto leaves = tree_leaves(result);
+  return each_output<decltype(result)>(out_axes, [&]<std::size_t K>(auto entry) {
+    using L = std::remove_cvref_t<std::tuple_element_t<K, decltype(leaves)>>;
+    check_unstacked<Binding, Inner, K, decltype(entry), L>();
+    auto named_leaf = to_inner<Inner>(std::get<K>(leaves));
+    using T = typename decltype(named_leaf)::value_type;
+    // The payload's last dim is the mapped axis (size 1 where the value does not vary, and
+    // then broadcast): evaluated once, straight into the output's layout.
+    const auto& payload = named_leaf.payload();
+    std::vector<std::size_t> shape(payload.shape().begin(), payload.shape().end());
+    shape.pop_back();
+    xt::xarray<T> out;
+    if constexpr (std::is_same_v<decltype(entry), none_t>) {
+      out = uninitialized_array<T>(shape);
+      auto strides = row_major_strides(shape);
+      shape.push_back(1);
+      strides.push_back(0);
+      evaluate_into<T>(payload, shape, out.data(), strides);
+    } else {
+      stacked_layout l = stack_layout(call.verb(), name, shape, n, entry, Outer::vectorized_count);
+      shape.push_back(n);
+      l.slab_strides.push_back(l.slot_step);
+      out = uninitialized_array<T>(l.shape);
+      evaluate_into<T>(payload, shape, out.data(), l.slab_strides);
+    }
+    return stacked_result<Outer, decltype(named_leaf)::varying>(std::move(out));
+  });
+}
+
+/// One index's result leaves, in memory: an array a collective returned is kept as it is
+/// (shared, not copied), anything else is evaluated.
+template <class Inner, class Result>
+auto evaluate_leaves(const Result& r) {
+  return std::apply(
+      [](const auto&... leaf) {
+        return std::tuple{[&] {
+          const auto& payload = to_inner<Inner>(leaf).payload();
+          using P = std::remove_cvref_t<decltype(payload)>;
+          if constexpr (std::is_same_v<P, shared_array<typename P::value_type>>) return payload;
+          else return evaluate(payload);
+        }()...};
+      },
+      tree_leaves(r));
+}
+
+/// pmap: one device thread per index, each with its own call; the results stacked from every
+/// device's (or, for out_axes none, device 0's) memory.
+template <class Binding, class Call, class OutAxes>
+auto run_on_devices(const Call& call, const OutAxes& out_axes) {
+  using Outer = typename Call::outer_env;
+  using Inner = typename Call::inner_env;
+  using result_type = decltype(call(0));
+  constexpr std::string_view name = Binding::axis_type::name;
+  const std::size_t n = call.size();
+  std::vector<std::optional<decltype(evaluate_leaves<Inner>(std::declval<const result_type&>()))>> results(n);
+  run_devices(name, n, [&](std::size_t d) { results[d] = evaluate_leaves<Inner>(call(d)); });
+  return each_output<result_type>(out_axes, [&]<std::size_t K>(auto entry) {
+    using L = std::remove_cvref_t<std::tuple_element_t<K, decltype(tree_leaves(std::declval<const result_type&>()))>>;
+    check_unstacked<Binding, Inner, K, decltype(entry), L>();
+    constexpr axis_mask varying = result_mask<Inner, L>;
+    using T = typename std::remove_cvref_t<decltype(std::get<K>(*results[0]))>::value_type;
+    if constexpr (std::is_same_v<decltype(entry), none_t>) {
+      return stacked_result<Outer, varying>(evaluate(std::get<K>(*results[0])));
+    } else {
+      std::vector<strided_block<T>> slabs;
+      for (std::size_t d = 0; d < n; ++d) {
+        slabs.push_back(block_of(std::get<K>(*results[d])));
+        if (slabs.back().shape != slabs.front().shape)
+          fail("namedax::", call.verb(), "<\"", name, "\">: devices returned values of different shapes for result ",
+               K, ": device 0 returned ", slabs.front().shape, ", device ", d, " returned ", slabs.back().shape);
+      }
+      return stacked_result<Outer, varying>(stack_slabs<T>(call.verb(), name, slabs, entry, Outer::vectorized_count));
+    }
+  });
+}
+
+/// The out_axes entries as text, for the processes to agree on.
+template <class Result, class OutAxes>
+std::string describe_out_axes(const OutAxes& out_axes) {
+  std::string text;
+  std::apply(
+      [&](const auto&... entry) {
+        ((text += [&] {
+           if constexpr (std::is_same_v<std::remove_cvref_t<decltype(entry)>, none_t>) return std::string(" none");
+           else return message(" ", entry);
+         }()),
+         ...);
+      },
+      spread_prefix<Result>(out_axes));
+  return text;
+}
+
+/// mpi::pmap: this process is one index of the axis (of the process grid `grid`); the results
+/// of the others arrive by allgather.
+template <class Binding, class Call, class OutAxes>
+auto run_on_processes(const Call& call, const OutAxes& out_axes, process_grid& processes) {
+  using Outer = typename Call::outer_env;
+  using Inner = typename Call::inner_env;
+  using result_type = decltype(call(0));
+  constexpr std::string_view name = Binding::axis_type::name;
+  const std::size_t n = call.size();
+  auto [grid, index] = processes.push(name, n);
+  const std::string what = message("namedax::", call.verb(), "<\"", name, "\">");
+  // Before any collective, the processes meet: one whose own arguments failed a check has
+  // thrown (mpi::pmap tells the others here), and a different size, kind of arguments or
+  // out_axes fails on every process instead of in the exchange of the results.
+  grid->agree_always(message(what, " of axis size ", n, call.own_slices() ? " on its own slices" : " on the whole arguments",
+                             " with out_axes", describe_out_axes<result_type>(out_axes)),
+                     what);
+  std::optional<decltype(evaluate_leaves<Inner>(std::declval<const result_type&>()))> mine;
+  try {
+    frame_scope scope(frame{name, n, placement::devices, index, nullptr, grid});
+    mine = evaluate_leaves<Inner>(call(index));
+  } catch (...) {
+    grid->raise_everywhere(std::current_exception());
+  }
+  std::string shapes;
+  std::apply(
+      [&](const auto&... leaf) {
+        ((shapes += message(" ", std::vector<std::size_t>(leaf.shape().begin(), leaf.shape().end()), " ",
+                            dtype_name<typename std::remove_cvref_t<decltype(leaf)>::value_type>())),
+         ...);
+      },
+      *mine);
+  grid->agree_always(message("return from ", what, " with results", shapes), what);
+  const std::string_view names[] = {name};
+  process_channel& channel = grid->channel(names, nullptr);
+  return each_output<result_type>(out_axes, [&]<std::size_t K>(auto entry) {
+    using L = std::remove_cvref_t<std::tuple_element_t<K, decltype(tree_leaves(std::declval<const result_type&>()))>>;
+    check_unstacked<Binding, Inner, K, decltype(entry), L>();
+    constexpr axis_mask varying = result_mask<Inner, L>;
+    const auto mine_block = block_of(std::get<K>(*mine));
+    using T = std::remove_cvref_t<decltype(*mine_block.data)>;
+    if constexpr (std::is_same_v<decltype(entry), none_t>) {
+      return stacked_result<Outer, varying>(evaluate(std::get<K>(*mine)));
+    } else {
+      if (call.own_slices())
+        return stacked_result<Outer, varying>(stack_slabs<T>(call.verb(), name, {mine_block}, entry, Outer::vectorized_count));
+      const std::size_t elements = element_count(mine_block.shape);
+      auto all = uninitialized_array<T>(std::array{n * elements});
+      channel.allgather(mine_block.data, all.data(), elements * sizeof(T));
+      std::vector<strided_block<T>> slabs(n, {all.data(), mine_block.shape, row_major_strides(mine_block.shape)});
+      for (std::size_t d = 0; d < n; ++d) slabs[d].data += d * elements;
+      return stacked_result<Outer, varying>(stack_slabs<T>(call.verb(), name, slabs, entry, Outer::vectorized_count));
+    }
+  });
+}
+
+/// Runs a map. `OnProcesses`: a process map (namedax::mpi::pmap), which splits the process
+/// grid `processes` (null for vmap and pmap).
+template <class Binding, bool OnProcesses = false, class F, class InAxes, class OutAxes, class... Args>
+auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, const OutAxes& out_axes, std::size_t axis_size,
+              process_grid* processes, const Args&... args) {
+  // in_axes is a prefix of the argument list: one entry for all, or one per argument.
+  auto entries = spread_prefix<std::tuple<Args...>>(in_axes);
+  map_call<Binding, F, decltype(entries), Args...> call(verb, f, entries, axis_size, processes, args...);
+  if constexpr (Binding::place == placement::vectorized) return run_vectorized<Binding>(call, out_axes);
+  else if constexpr (OnProcesses) return run_on_processes<Binding>(call, out_axes, *processes);
+  else return run_on_devices<Binding>(call, out_axes);
+}
+
+}  // namespace detail
+}  // namespace namedax

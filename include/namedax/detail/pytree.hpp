@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: MIT
+// Pytrees: std::tuple, std::pair, std::array and Boost.Hana structs of values, nested. The
+// collectives map over their leaves; the maps flatten them to leaves and build them again.
+#pragma once
+
+#include <namedax/named_shape.hpp>
+
+#include <boost/hana/accessors.hpp>
+#include <boost/hana/concept/struct.hpp>
+#include <boost/hana/second.hpp>
+#include <boost/hana/unpack.hpp>
+
+#include <array>
+#include <cstddef>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace namedax::detail {
+
+template <class T>
+inline constexpr bool is_tuple_like = false;
+template <class... T>
+inline constexpr bool is_tuple_like<std::tuple<T...>> = true;
+template <class T, std::size_t N>
+inline constexpr bool is_tuple_like<std::array<T, N>> = true;
+template <class A, class B>
+inline constexpr bool is_tuple_like<std::pair<A, B>> = true;
+
+template <class T>
+inline constexpr bool is_std_array = false;
+template <class T, std::size_t N>
+inline constexpr bool is_std_array<std::array<T, N>> = true;
+template <class T>
+inline constexpr bool is_std_pair = false;
+template <class A, class B>
+inline constexpr bool is_std_pair<std::pair<A, B>> = true;
+
+/// A Boost.Hana struct (BOOST_HANA_DEFINE_STRUCT) is a pytree node too.
+template <class X>
+concept HanaStruct = boost::hana::Struct<X>::value;
+
+/// A pytree node: its children are leaves or nodes.
+template <class X>
+inline constexpr bool is_node = is_tuple_like<X> || HanaStruct<X>;
+
+/// The children of a pytree node, as a std::tuple of references.
+template <class X>
+auto children(const X& x) {
+  if constexpr (HanaStruct<X>)
+    return boost::hana::unpack(boost::hana::accessors<X>(),
+                               [&](auto... member) { return std::tie(boost::hana::second(member)(x)...); });
+  else
+    return std::apply([](const auto&... child) { return std::tie(child...); }, x);
+}
+
+/// The struct template `X` is made of, with the types of `Parts` as its arguments: one per
+/// member, or one for all when the template has one parameter.
+template <class X, class... Parts>
+struct rebind_struct {
+  static_assert(always_false<X>,
+                "namedax: a Boost.Hana struct whose members change type must be a template of one type for all "
+                "members, such as template <class T> struct params { BOOST_HANA_DEFINE_STRUCT(params, (T, w), (T, b)); }, "
+                "or of one type per member, in the members' order");
+};
+template <template <class...> class S, class... T, class... Parts>
+  requires(sizeof...(T) == sizeof...(Parts) && sizeof...(T) > 1)
+struct rebind_struct<S<T...>, Parts...> {
+  using type = S<Parts...>;
+};
+template <template <class> class S, class T, class... Parts>
+  requires requires { typename std::common_type<Parts...>::type; }
+struct rebind_struct<S<T>, Parts...> {
+  using type = S<std::common_type_t<Parts...>>;
+};
+
+/// A node shaped as `X` (std::array, std::pair, std::tuple or Hana struct) of `parts`.
+template <class X, class... Parts>
+auto make_like(Parts&&... parts) {
+  if constexpr (is_std_array<X>) {
+    return std::array{std::forward<Parts>(parts)...};
+  } else if constexpr (is_std_pair<X>) {
+    return std::pair{std::forward<Parts>(parts)...};
+  } else if constexpr (HanaStruct<X>) {
+    if constexpr (requires { X{std::forward<Parts>(parts)...}; }) return X{std::forward<Parts>(parts)...};
+    else return typename rebind_struct<X, std::remove_cvref_t<Parts>...>::type{std::forward<Parts>(parts)...};
+  } else {
+    return std::tuple{std::forward<Parts>(parts)...};
+  }
+}
+
+/// Maps a leaf function over a pytree: a single value, or a std::tuple, std::pair,
+/// std::array or Boost.Hana struct of pytrees; the result has the same structure.
+template <class X, class Leaf>
+auto tree_map(const X& x, Leaf&& leaf) {
+  if constexpr (is_node<X>) {
+    return std::apply([&](const auto&... xs) { return make_like<X>(tree_map(xs, leaf)...); }, children(x));
+  } else {
+    return leaf(x);
+  }
+}
+
+/// Calls `f` on every leaf of a pytree, in order.
+template <class X, class F>
+void tree_for_each(const X& x, F&& f) {
+  if constexpr (is_node<X>) std::apply([&](const auto&... xs) { (tree_for_each(xs, f), ...); }, children(x));
+  else f(x);
+}
+
+/// The number of leaves of a pytree of type X.
+template <class X>
+constexpr std::size_t leaf_count() {
+  if constexpr (is_node<X>) {
+    using parts = decltype(children(std::declval<const X&>()));
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return (std::size_t{0} + ... + leaf_count<std::remove_cvref_t<std::tuple_element_t<I, parts>>>());
+    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+  } else {
+    return 1;
+  }
+}
+
+/// The leaves of a pytree, in order, as a std::tuple of references.
+template <class X>
+auto tree_leaves(const X& x) {
+  if constexpr (is_node<X>) return std::apply([](const auto&... c) { return std::tuple_cat(tree_leaves(c)...); }, children(x));
+  else return std::tuple<const X&>(x);
+}
+
+/// A pytree shaped as `X` whose leaves are `leaves` from position `Offset` on (a std::tuple, in
+/// tree_leaves' order): the inverse of tree_leaves, with leaves of new types.
+template <class X, std::size_t Offset = 0, class Leaves>
+auto tree_unflatten(Leaves& leaves) {
+  if constexpr (is_node<X>) {
+    using parts = decltype(children(std::declval<const X&>()));
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      constexpr std::array<std::size_t, sizeof...(I)> sizes{leaf_count<std::remove_cvref_t<std::tuple_element_t<I, parts>>>()...};
+      constexpr auto before = [sizes](std::size_t i) {
+        std::size_t n = 0;
+        for (std::size_t k = 0; k < i; ++k) n += sizes[k];
+        return n;
+      };
+      return make_like<X>(tree_unflatten<std::remove_cvref_t<std::tuple_element_t<I, parts>>, Offset + before(I)>(leaves)...);
+    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+  } else {
+    return std::move(std::get<Offset>(leaves));
+  }
+}
+
+/// Instantiated when a prefix (in_axes, out_axes, specs) has a node where its tree has a leaf,
+/// or a node of another size; the compiler prints the two types.
+template <class Tree, class Prefix>
+struct prefix_does_not_match_tree {
+  static_assert(always_false<Tree>,
+                "namedax: in_axes, out_axes and specs are pytree prefixes: a single entry for a whole subtree, or "
+                "a node (std::tuple, std::array, std::pair, Hana struct) with one entry per child of the node it "
+                "stands for");
+};
+
+/// A prefix of a pytree of type `Tree` (JAX's in_axes and out_axes) spread to the leaves: a
+/// std::tuple with the entry of each leaf, in tree_leaves' order. An entry that is not a node
+/// holds for the whole subtree it stands for.
+template <class Tree, class Prefix>
+auto spread_prefix(const Prefix& prefix) {
+  if constexpr (!is_node<Prefix>) {
+    return [&]<std::size_t... L>(std::index_sequence<L...>) {
+      return std::tuple{(static_cast<void>(L), prefix)...};
+    }(std::make_index_sequence<leaf_count<Tree>()>{});
+  } else {
+    using parts = decltype(children(std::declval<const Tree&>()));
+    using entries = decltype(children(prefix));
+    if constexpr (!is_node<Tree> || std::tuple_size_v<parts> != std::tuple_size_v<entries>) {
+      (void)sizeof(prefix_does_not_match_tree<Tree, Prefix>);
+      return std::tuple{};
+    } else {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple_cat(
+            spread_prefix<std::remove_cvref_t<std::tuple_element_t<I, parts>>>(std::get<I>(children(prefix)))...);
+      }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+    }
+  }
+}
+
+}  // namespace namedax::detail
