@@ -718,3 +718,228 @@ TEST_SUITE("degenerate sizes") {
     }
   }
 }
+
+// JAX's current names: pbroadcast from a source, all_gather_invariant, pcast, and axis_index
+// and axis_size over a tuple of names. Expected values written by hand from JAX's docs.
+namespace {
+/// Whether named value type V varies along any of the names.
+template <class V, class... Names>
+constexpr bool varies_along(Names...) {
+  return (V::varying & V::env_type::template mask_of<Names...>()) != 0;
+}
+}  // namespace
+
+TEST_SUITE("JAX's current names") {
+  TEST_CASE("pbroadcast: axis of 4, source 2, every index gets x[2], exact for NaN, infinities and -0") {
+    constexpr float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    xt::xarray<float> x{{0.f, 1.f, 2.f}, {3.f, 4.f, 5.f}, {nan, -inf, -0.f}, {9.f, 10.f, 11.f}};
+    auto f = [](auto x) {
+      auto y = namedax::pbroadcast(x, "i"_ax, 2);
+      static_assert(!varies_along<decltype(y)>("i"_ax), "pbroadcast's result is the same along the axis");
+      return y;
+    };
+    auto [v, p] = both_modes(f, x);
+    xt::xarray<float> expected{{nan, -inf, -0.f}, {nan, -inf, -0.f}, {nan, -inf, -0.f}, {nan, -inf, -0.f}};
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+    // Every source, against a naive copy of row s, with the mapped axis last too.
+    for (int s = 0; s < 4; ++s) {
+      auto g = [s](auto x) { return namedax::pbroadcast(x, "i"_ax, s); };
+      xt::xarray<float> row = xt::view(x, s, xt::all());
+      xt::xarray<float> all = xt::stack(xt::xtuple(row, row, row, row));
+      CHECK_BITWISE(namedax::vmap<"i">(g)(x), all);
+      CHECK_BITWISE(namedax::pmap<"i">(g)(x), all);
+      xt::xarray<float> xt_ = xt::transpose(x);
+      CHECK_BITWISE(namedax::vmap<"i">(g, 1, 0)(xt_), all);
+    }
+  }
+  TEST_CASE("pbroadcast: pmap of vmap, vmap of vmap and pmap of pmap agree bit for bit, over i, j and (i, j)") {
+    // x[i][j] = 10 i + j, a (4, 2, 3) array: "i" of 4, "j" of 2, then a positional dim of 3.
+    xt::xarray<double> x = xt::arange<double>(24).reshape({4, 2, 3});
+    x(2, 1, 0) = std::numeric_limits<double>::quiet_NaN();
+    auto f = [](auto x) {
+      return std::tuple{namedax::pbroadcast(x, "i"_ax, 2), namedax::pbroadcast(x, "j"_ax, 1),
+                        namedax::pbroadcast(x, namedax::axes("i"_ax, "j"_ax), 5),
+                        namedax::pbroadcast(x, namedax::axes("j"_ax, "i"_ax), 6)};
+    };
+    xt::xarray<double> ei = xt::empty<double>({4, 2, 3}), ej = ei, eij = ei, eji = ei;
+    for (std::size_t i = 0; i < 4; ++i)
+      for (std::size_t j = 0; j < 2; ++j)
+        for (std::size_t k = 0; k < 3; ++k) {
+          ei(i, j, k) = x(2, j, k);
+          ej(i, j, k) = x(i, 1, k);
+          eij(i, j, k) = x(2, 1, k);  // 5 = 2 * size_j + 1
+          eji(i, j, k) = x(2, 1, k);  // 6 = 1 * size_i + 2, over ("j", "i")
+        }
+    auto vv = namedax::vmap<"i">(namedax::vmap<"j">(f))(x);
+    auto pv = namedax::pmap<"i">(namedax::vmap<"j">(f))(x);
+    auto pp = namedax::pmap<"i">(namedax::pmap<"j">(f))(x);
+    auto vp = namedax::vmap<"i">(namedax::pmap<"j">(f))(x);
+    for (const auto& [a, b, c, d] : {vv, pv, pp, vp}) {
+      CHECK_BITWISE(a, ei);
+      CHECK_BITWISE(b, ej);
+      CHECK_BITWISE(c, eij);
+      CHECK_BITWISE(d, eji);
+    }
+  }
+  TEST_CASE("pbroadcast: bool stays bool, int is copied, and payloads past the inline size are lent") {
+    xt::xarray<bool> b{false, true, false, false};
+    auto fb = [](auto x) { return namedax::pbroadcast(x, "i"_ax, 1); };
+    auto [bv, bp] = both_modes(fb, b);
+    static_assert(std::is_same_v<decltype(bv)::value_type, bool>);
+    CHECK_BITWISE(bv, (xt::xarray<bool>{true, true, true, true}));
+    CHECK_BITWISE(bp, (xt::xarray<bool>{true, true, true, true}));
+    constexpr std::int32_t lowest = std::numeric_limits<std::int32_t>::min();
+    xt::xarray<std::int32_t> i{7, lowest, -3, 12};
+    auto fi = [](auto x) { return namedax::pbroadcast(x, "i"_ax, 1); };
+    auto [iv, ip] = both_modes(fi, i);
+    CHECK_BITWISE(iv, (xt::xarray<std::int32_t>{lowest, lowest, lowest, lowest}));
+    CHECK_BITWISE(ip, (xt::xarray<std::int32_t>{lowest, lowest, lowest, lowest}));
+    // 8 KB per device: lent by pointer, not copied into the communicator.
+    xt::xarray<float> big = xt::arange<float>(4 * 2048).reshape({4, 2048});
+    auto fbig = [](auto x) { return namedax::pbroadcast(x * 1.f, "i"_ax, 3); };
+    xt::xarray<float> last = xt::view(big, 3, xt::all());
+    xt::xarray<float> expected = xt::stack(xt::xtuple(last, last, last, last));
+    auto [gv, gp] = both_modes(fbig, big);
+    CHECK_BITWISE(gv, expected);
+    CHECK_BITWISE(gp, expected);
+  }
+  TEST_CASE("pbroadcast: pytrees (a tuple and a Boost.Hana struct) keep their shape") {
+    xt::xarray<float> x = xt::arange<float>(8).reshape({4, 2});
+    auto f = [](auto x) {
+      auto [a, b] = namedax::pbroadcast(std::tuple{x, x * 2.f}, "i"_ax, 3);
+      gradients<decltype(namedax::eval(x))> g{namedax::eval(x), namedax::eval(x + 1.f)};
+      auto h = namedax::pbroadcast(g, "i"_ax, 0);
+      return std::tuple{a, b, h.weights, h.bias};
+    };
+    xt::xarray<float> ea{{6.f, 7.f}, {6.f, 7.f}, {6.f, 7.f}, {6.f, 7.f}};
+    xt::xarray<float> ew{{0.f, 1.f}, {0.f, 1.f}, {0.f, 1.f}, {0.f, 1.f}};
+    for (const auto& [a, b, w, c] : {namedax::vmap<"i">(f)(x), namedax::pmap<"i">(f)(x)}) {
+      CHECK_BITWISE(a, ea);
+      CHECK_BITWISE(b, (ea * 2.f));
+      CHECK_BITWISE(w, ew);
+      CHECK_BITWISE(c, (ew + 1.f));
+    }
+  }
+  TEST_CASE("pbroadcast of a value that does not vary along the axis is that value") {
+    xt::xarray<int> x{1, 2, 3, 4};
+    auto f = [](auto x) { return namedax::pbroadcast(namedax::psum(x, "i"_ax), "i"_ax, 3); };
+    auto [v, p] = both_modes(f, x);
+    CHECK_BITWISE(v, (xt::xarray<int>{10, 10, 10, 10}));
+    CHECK_BITWISE(p, (xt::xarray<int>{10, 10, 10, 10}));
+    auto g = [](auto, auto w) { return namedax::pbroadcast(w, "i"_ax, 1); };
+    xt::xarray<int> w{5, 6};
+    xt::xarray<int> expected{{5, 6}, {5, 6}, {5, 6}, {5, 6}};
+    CHECK_BITWISE(namedax::vmap<"i">(g, std::tuple{0, namedax::none})(x, w), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(g, std::tuple{0, namedax::none})(x, w), expected);
+  }
+  TEST_CASE("pbroadcast: a source out of range names pbroadcast, the axis and its size, in both modes") {
+    xt::xarray<float> x = xt::arange<float>(4);
+    for (int source : {-1, 4, 100}) {
+      auto f = [source](auto x) { return namedax::pbroadcast(x, "i"_ax, source); };
+      const std::string expected = "namedax::pbroadcast: source " + std::to_string(source) +
+                                   " is out of range for axis ('i',) of size 4; use indices 0..3";
+      CHECK(error_of([&] { namedax::vmap<"i">(f)(x); }) == expected);
+      CHECK(error_of([&] { namedax::pmap<"i">(f)(x); }) == expected);
+    }
+    // Over two names, the size is the product.
+    auto two = [](auto x) { return namedax::pbroadcast(x, namedax::axes("i"_ax, "j"_ax), 8); };
+    xt::xarray<float> y = xt::zeros<float>({4, 2});
+    CHECK(error_of([&] { namedax::pmap<"i">(namedax::vmap<"j">(two))(y); }) ==
+          "namedax::pbroadcast: source 8 is out of range for axis ('i', 'j') of size 8; use indices 0..7");
+    // One device with a bad source, the others waiting in the exchange: every device leaves.
+    auto one_bad = [](auto x) {
+      int source = 1;
+      if (namedax::axis_index("i"_ax) == 0) source = 9;
+      return namedax::pbroadcast(x, "i"_ax, source);
+    };
+    CHECK(error_of([&] { namedax::pmap<"i">(one_bad)(x); }).find("namedax::pbroadcast: source 9") != std::string::npos);
+    // Devices that name different (valid) sources meet a mismatch, not a broadcast.
+    auto differ = [](auto x) {
+      int source = 1;
+      if (namedax::axis_index("i"_ax) == 0) source = 0;
+      return namedax::pbroadcast(x, "i"_ax, source);
+    };
+    const auto mismatch = error_of([&] { namedax::pmap<"i">(differ)(x); });
+    CHECK(mismatch.find("from source 0") != std::string::npos);
+    CHECK(mismatch.find("from source 1") != std::string::npos);
+  }
+  TEST_CASE("pbroadcast(x, axes) without a source is the deprecated spelling of pvary, and still works") {
+    xt::xarray<int> x{1, 2, 3, 4};
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+    auto f = [](auto x) {
+      auto y = namedax::pbroadcast(namedax::psum(x, "i"_ax), "i"_ax);
+      static_assert(varies_along<decltype(y)>("i"_ax));
+      return namedax::psum(y, "i"_ax);
+    };
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+    auto [v, p] = both_modes(f, x);
+    CHECK_BITWISE(v, (xt::xarray<int>{40, 40, 40, 40}));
+    CHECK_BITWISE(p, (xt::xarray<int>{40, 40, 40, 40}));
+  }
+  TEST_CASE("all_gather_invariant: [0, 1, 2, 3] on every index, typed invariant, the bits of all_gather") {
+    xt::xarray<int> x = xt::arange<int>(4);
+    auto f = [](auto x) {
+      auto g = namedax::all_gather_invariant(x, "i"_ax);
+      static_assert(!varies_along<decltype(g)>("i"_ax));
+      return g;
+    };
+    auto [v, p] = both_modes(f, x);
+    xt::xarray<int> row{0, 1, 2, 3};
+    xt::xarray<int> expected = xt::stack(xt::xtuple(row, row, row, row));
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+    // With options, tiled and at an axis; a pytree; bool; against all_gather.
+    xt::xarray<int> counting = xt::arange<int>(24).reshape({4, 3, 2});
+    xt::xarray<bool> m = xt::equal(counting % 3, 0);
+    auto g = [](auto x) {
+      return std::tuple{namedax::all_gather_invariant(x, "i"_ax, {.axis = 1, .tiled = true}),
+                        namedax::all_gather(x, "i"_ax, {.axis = 1, .tiled = true}),
+                        namedax::all_gather_invariant(std::tuple{x, x}, "i"_ax, {.axis = 2})};
+    };
+    for (const auto& [a, b, t] : {namedax::vmap<"i">(g)(m), namedax::pmap<"i">(g)(m)}) {
+      CHECK(a.shape() == std::vector<std::size_t>{4, 3, 8});
+      CHECK_BITWISE(a, b);
+      CHECK(std::get<0>(t).shape() == std::vector<std::size_t>{4, 3, 2, 4});
+      CHECK_BITWISE(std::get<0>(t), std::get<1>(t));
+    }
+    CHECK(namedax_test::tree_bitwise_equal(namedax::vmap<"i">(g)(m), namedax::pmap<"i">(g)(m)));
+  }
+  TEST_CASE("pcast to varying is pvary: the same data, typed as varying") {
+    xt::xarray<float> x{1.f, 2.f, 3.f, 4.f};
+    auto f = [](auto x) {
+      auto s = namedax::psum(x, "i"_ax);
+      auto c = namedax::pcast(s, "i"_ax, namedax::pcast_to::varying);
+      static_assert(varies_along<decltype(c)>("i"_ax));
+      static_assert(std::is_same_v<decltype(c), decltype(namedax::pvary(s, "i"_ax))>);
+      return std::tuple{c, namedax::psum(c, "i"_ax)};
+    };
+    for (const auto& [c, s] : {namedax::vmap<"i">(f)(x), namedax::pmap<"i">(f)(x)}) {
+      CHECK_BITWISE(c, (xt::xarray<float>{10.f, 10.f, 10.f, 10.f}));
+      CHECK_BITWISE(s, (xt::xarray<float>{40.f, 40.f, 40.f, 40.f}));
+    }
+  }
+  TEST_CASE("axis_size and axis_index over a std::tuple of names equal the axes(...) form") {
+    xt::xarray<float> zeros = xt::zeros<float>({4, 2});
+    auto f = [](auto x) {
+      CHECK(namedax::axis_size(std::tuple{"i"_ax, "j"_ax}) == 8);
+      CHECK(namedax::axis_size(std::tuple{"j"_ax}) == 2);
+      return std::tuple{x * 0.f + namedax::axis_index(std::tuple{"i"_ax, "j"_ax}),
+                        x * 0.f + namedax::axis_index(namedax::axes("i"_ax, "j"_ax)),
+                        x * 0.f + namedax::axis_index(std::tuple{"j"_ax, "i"_ax})};
+    };
+    xt::xarray<float> ij{{0.f, 1.f}, {2.f, 3.f}, {4.f, 5.f}, {6.f, 7.f}};
+    xt::xarray<float> ji{{0.f, 4.f}, {1.f, 5.f}, {2.f, 6.f}, {3.f, 7.f}};
+    for (const auto& [a, b, c] : {namedax::vmap<"i">(namedax::vmap<"j">(f))(zeros), namedax::pmap<"i">(namedax::vmap<"j">(f))(zeros),
+                                  namedax::pmap<"i">(namedax::pmap<"j">(f))(zeros)}) {
+      CHECK_BITWISE(a, ij);
+      CHECK_BITWISE(b, ij);
+      CHECK_BITWISE(c, ji);
+    }
+  }
+}

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
-// The public collectives: psum, pmean, pmax, pmin, all_gather, psum_scatter, all_to_all,
-// pswapaxes, ppermute, pshuffle, pargmax, pargmin, axis_index, axis_size,
-// pvary, pbroadcast, pdot and pgather.
+// The public collectives: psum, pmean, pmax, pmin, all_gather, all_gather_invariant,
+// psum_scatter, all_to_all, pswapaxes, ppermute, pshuffle, pbroadcast, pargmax, pargmin,
+// axis_index, axis_size, pvary, pcast, pdot and pgather.
 // Each runs one rule (detail/) that serves both placements: vectorized axes are read in
 // place, device axes through the exchange among device threads.
 #pragma once
@@ -10,6 +10,7 @@
 #include <namedax/detail/all_gather.hpp>
 #include <namedax/detail/all_to_all.hpp>
 #include <namedax/detail/device_rules.hpp>
+#include <namedax/detail/pbroadcast.hpp>
 #include <namedax/detail/pdot.hpp>
 #include <namedax/detail/pgather.hpp>
 #include <namedax/detail/ppermute.hpp>
@@ -444,6 +445,24 @@ struct all_gather_options_without_groups {
   int axis = 0;
   bool tiled = false;
 };
+
+/// all_gather of every leaf, reported in the name of `Verb`; `Invariant` types the result as
+/// the same along the axes.
+template <class Verb, bool Invariant, class X, class A>
+auto gather_tree(const X& x, const A& axes, const all_gather_options& options) {
+  auto names = names_only(to_axis_list(axes));
+  auto groups = groups_of(options.axis_index_groups);
+  return tree_map(x, [&](const auto& leaf) {
+    return collective_leaf<Verb, Invariant, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+      constexpr std::string_view verb = Verb::name;
+      if (auto out = all_gather_across_processes(verb, in, rank, ax, groups, options.axis, options.tiled))
+        return share_array(std::move(*out));
+      if (auto out = gather_among_threads(verb, in, rank, ax, groups, options.axis, options.tiled)) return std::move(*out);
+      return share_array(all_gather_rule(verb, std::move(in), rank, ax, groups, options.axis, options.tiled,
+                                         groups.has_value()));
+    });
+  });
+}
 }  // namespace detail
 
 /// Gathers the values of every index along the axes: `all_gather(x, "i"_ax)` stacks them in
@@ -481,20 +500,42 @@ struct all_gather_fn {
  private:
   template <bool Invariant, class X, class A>
   static auto gather(const X& x, const A& axes, const all_gather_options& options) {
-    auto names = detail::names_only(detail::to_axis_list(axes));
-    auto groups = detail::groups_of(options.axis_index_groups);
-    return detail::tree_map(x, [&](const auto& leaf) {
-      return detail::collective_leaf<all_gather_fn, Invariant, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
-        if (auto out = detail::all_gather_across_processes(name, in, rank, ax, groups, options.axis, options.tiled))
-          return detail::share_array(std::move(*out));
-        if (auto out = detail::gather_among_threads(name, in, rank, ax, groups, options.axis, options.tiled)) return std::move(*out);
-        return detail::share_array(detail::all_gather_rule(name, std::move(in), rank, ax, groups, options.axis,
-                                                           options.tiled, groups.has_value()));
-      });
-    });
+    return detail::gather_tree<all_gather_fn, Invariant>(x, axes, options);
   }
 };
 inline constexpr all_gather_fn all_gather{};
+
+/// Options of all_gather_invariant: all_gather's without groups, as JAX's all_gather_invariant
+/// takes none (each group would gather its own value, which is not the same on every index).
+struct all_gather_invariant_options {
+  int axis = 0;        ///< where the gathered axis goes (tiled: which axis grows)
+  bool tiled = false;  ///< concatenate along `axis` instead of stacking
+};
+
+/// all_gather whose result is typed as the same on every index along the axes (invariant),
+/// as JAX's `all_gather_invariant(x, axis_name, axis=0, tiled=False)`. JAX's all_gather types
+/// its result as varying; namedax's all_gather without groups already gives an invariant one,
+/// so the two differ only in their options: this one takes no groups.
+///   all_gather_invariant(shard, "model"_ax, {.tiled = true})  // the whole weight on every index
+struct all_gather_invariant_fn {
+  static constexpr std::string_view name = "all_gather_invariant";
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes, const all_gather_invariant_options& options = {}) const {
+    return detail::gather_tree<all_gather_invariant_fn, true>(x, axes,
+                                                              all_gather_options{.axis = options.axis, .tiled = options.tiled});
+  }
+  /// all_gather's options with groups: each group's result differs, so it cannot be invariant.
+  template <class X, AxisArgument A, class Options = all_gather_options>
+    requires(std::same_as<Options, all_gather_options> ||
+             (!std::convertible_to<const Options&, all_gather_invariant_options>))
+  X operator()(const X& x, const A&, const Options&) const {
+    static_assert(detail::wrong_options<Options>,
+                  "namedax: all_gather_invariant takes namedax::all_gather_invariant_options ({.axis, .tiled}), no "
+                  "axis_index_groups: with groups the result differs between groups; use namedax::all_gather");
+    return x;  // only the assertion above is reported
+  }
+};
+inline constexpr all_gather_invariant_fn all_gather_invariant{};
 
 /// Options of psum_scatter (JAX's keyword arguments).
 struct psum_scatter_options {
@@ -745,6 +786,14 @@ struct pshuffle_fn {
 };
 inline constexpr pshuffle_fn pshuffle{};
 
+namespace detail {
+/// A tuple of names as the axis list `axes(names...)`.
+template <class... Names>
+constexpr auto axis_list_of(const std::tuple<Names...>& names) {
+  return std::apply([](const auto&... n) { return namedax::axes(n...); }, names);
+}
+}  // namespace detail
+
 /// The index of this position along the axis (several names: row-major over them, in the
 /// order given), as int32. Under pmap<"i"> over 4 devices: 0, 1, 2, 3 on the devices.
 /// The value waits for its environment until it meets a mapped value or leaves the map.
@@ -753,6 +802,11 @@ struct axis_index_fn {
   template <AxisArgument A>
   auto operator()(const A& axes) const {
     return make(detail::to_axis_list(axes));
+  }
+  /// A tuple of names, as JAX's `axis_index(('i', 'j'))`: the same as `axes("i"_ax, "j"_ax)`.
+  template <Axis... Names>
+  auto operator()(const std::tuple<Names...>& names) const {
+    return make(detail::axis_list_of(names));
   }
 
  private:
@@ -796,6 +850,11 @@ struct axis_size_fn {
   template <AxisArgument A>
   int operator()(const A& axes) const {
     return count(detail::to_axis_list(axes));
+  }
+  /// A tuple of names, as JAX's `axis_size(('i', 'j'))`: the product of their sizes.
+  template <Axis... Names>
+  int operator()(const std::tuple<Names...>& names) const {
+    return count(detail::axis_list_of(names));
   }
 
  private:
@@ -843,12 +902,84 @@ struct pvary_verb {
 struct pvary_fn : detail::pvary_verb<pvary_fn> {
   static constexpr std::string_view name = "pvary";
 };
-/// The same operation as pvary, under JAX's earlier name.
-struct pbroadcast_fn : detail::pvary_verb<pbroadcast_fn> {
-  static constexpr std::string_view name = "pbroadcast";
-};
 inline constexpr pvary_fn pvary{};
+
+/// Broadcasts from one index: every index of the axes gets the value that index `source` holds
+/// (several names: `source` is the row-major index over them, as axis_index gives). JAX's
+/// `pbroadcast(x, axis_name, source)`, i.e. `psum(where(axis_index(axes) == source, x, 0))`
+/// done by copying: exact for NaN and infinities, and for every element type, bool included.
+/// The result is the same on every index (invariant along the axes). With x = [0, 1, 2, 3]
+/// along "i" and source 2: [2, 2, 2, 2]. A source outside 0..size-1 is a namedax::error.
+///   pbroadcast(params, "data"_ax, 0)  // index 0's parameters on every index
+struct pbroadcast_fn {
+  static constexpr std::string_view name = "pbroadcast";
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes, int source) const {
+    auto names = detail::names_only(detail::to_axis_list(axes));
+    return detail::tree_map(x, [&](const auto& leaf) {
+      return detail::collective_leaf<pbroadcast_fn, true, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
+        if (auto out = detail::pbroadcast_across_processes(name, in, ax, source)) return std::move(*out);
+        return detail::pbroadcast_rule(name, std::move(in), rank, ax, source);
+      });
+    });
+  }
+  /// JAX's earlier pbroadcast, without a source, which JAX now calls pvary: still pvary here.
+  template <class X, AxisArgument A>
+  [[deprecated("namedax::pbroadcast(x, axes) is JAX's earlier name of pvary: use namedax::pvary(x, axes), or "
+               "namedax::pbroadcast(x, axes, source) to broadcast the value of one index")]]
+  auto operator()(const X& x, const A& axes) const {
+    return detail::pvary_verb<pbroadcast_fn>{}(x, axes);
+  }
+};
 inline constexpr pbroadcast_fn pbroadcast{};
+
+/// The targets of pcast, as JAX's `to` strings: `pcast(x, "i"_ax, pcast_to::varying)`.
+/// namedax types a value as varying or invariant along each name; JAX's `reduced` and
+/// `unreduced` have no type here, so a cast to them does not compile (see pcast).
+namespace pcast_to {
+struct varying_t {
+  static constexpr std::string_view name = "varying";
+};
+struct reduced_t {
+  static constexpr std::string_view name = "reduced";
+};
+struct unreduced_t {
+  static constexpr std::string_view name = "unreduced";
+};
+inline constexpr varying_t varying{};
+inline constexpr reduced_t reduced{};
+inline constexpr unreduced_t unreduced{};
+}  // namespace pcast_to
+
+namespace detail {
+/// Whether namedax has a type for pcast's target: only `varying`. Named so that a failing
+/// static_assert prints the target.
+template <class To>
+inline constexpr bool pcast_target_has_a_type = std::is_same_v<To, pcast_to::varying_t>;
+}  // namespace detail
+
+/// Casts a value's type along the axes, as JAX's `pcast(x, axis_name, to=...)`, moving no
+/// data. `pcast_to::varying` is pvary: `pcast(psum(x, "i"_ax), "i"_ax, pcast_to::varying)`.
+/// JAX's `reduced` and `unreduced` targets do not compile: namedax has no such types, and
+/// the nearest meanings need a check or communication (an invariant value is what a psum
+/// gives, a partial sum is a varying value).
+struct pcast_fn {
+  static constexpr std::string_view name = "pcast";
+  template <class X, AxisArgument A>
+  auto operator()(const X& x, const A& axes, pcast_to::varying_t) const {
+    return detail::pvary_verb<pcast_fn>{}(x, axes);
+  }
+  template <class X, AxisArgument A, class To>
+    requires(std::same_as<To, pcast_to::reduced_t> || std::same_as<To, pcast_to::unreduced_t>)
+  X operator()(const X& x, const A&, To) const {
+    static_assert(detail::pcast_target_has_a_type<To>,
+                  "namedax::pcast: namedax types a value as varying or invariant along a name and has no reduced or "
+                  "unreduced type; cast with pcast_to::varying (pvary), make a value invariant with psum, or keep a "
+                  "partial sum varying until its psum");
+    return x;  // only the assertion above is reported
+  }
+};
+inline constexpr pcast_fn pcast{};
 
 }  // namespace namedax
 

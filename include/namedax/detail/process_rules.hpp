@@ -2,11 +2,13 @@
 // The process paths: when every axis of a collective is placed on processes (MPI ranks) and
 // the operand varies along all of them, member r is process r's whole payload, and the
 // collective is one call of the matching MPI collective (MPI_Allreduce, MPI_Allgather,
-// MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Sendrecv) instead of gathering every member
+// MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Sendrecv; for pbroadcast an MPI_Allreduce of
+// bytes) instead of gathering every member
 // for the shared rule. Each returns nothing when its case does not apply; the rule then runs.
 #pragma once
 
 #include <namedax/detail/collective_frame.hpp>
+#include <namedax/detail/pbroadcast.hpp>
 #include <namedax/detail/ppermute.hpp>
 
 #include <optional>
@@ -148,6 +150,30 @@ std::optional<xt::xarray<T>> ppermute_across_processes(std::string_view verb, co
   call_keeping(
       [&] { call->channel->sendrecv(call->in.data, to, out.data(), from[static_cast<std::size_t>(me)], out.size() * sizeof(T)); },
       out, call->contiguous);
+  return out;
+}
+
+/// pbroadcast: one MPI_Allreduce of the payload's bytes, summed as unsigned bytes, to which
+/// every process but the source gives zeros. A byte plus zeros is that byte, so every element
+/// type arrives exact (NaN, infinities, bool), and about twice the payload crosses the wire
+/// where an MPI_Allgather would carry every process's.
+template <class T>
+std::optional<xt::xarray<T>> pbroadcast_across_processes(std::string_view verb, const strided_block<T>& in,
+                                                         std::span<const named_axis> axes, int source) {
+  if (!placed_on_processes(axes)) return std::nullopt;
+  check_source(verb, axes, source);
+  auto call = whole_payloads<T>(verb, in, axes, std::nullopt, false, source_options(source));
+  if (!call) return std::nullopt;
+  auto out = uninitialized_array<T>(call->in.shape);
+  const std::size_t bytes = out.size() * sizeof(T);
+  xt::xarray<std::uint8_t> zeros = empty_array<std::uint8_t>();
+  const void* offered = call->in.data;
+  if (call->channel->rank() != static_cast<std::size_t>(source)) {
+    zeros = xt::zeros<std::uint8_t>({bytes});
+    offered = zeros.data();
+  }
+  call_keeping([&] { call->channel->allreduce(offered, out.data(), bytes, element_kind::uint8, fold_kind::sum); }, out,
+               call->contiguous, zeros);
   return out;
 }
 
