@@ -81,6 +81,14 @@ struct env_push<env<Bs...>, Binding> {
   using type = env<Bs..., Binding>;
 };
 
+/// Binding `K` of an environment.
+template <class Env, std::size_t K>
+struct binding_at;
+template <class... Bs, std::size_t K>
+struct binding_at<env<Bs...>, K> {
+  using type = std::tuple_element_t<K, std::tuple<Bs...>>;
+};
+
 template <class Env, std::size_t N>
 struct env_prefix;
 template <class... Bs, std::size_t N>

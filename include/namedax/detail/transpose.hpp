@@ -12,13 +12,6 @@
 
 namespace namedax::detail {
 
-template <class Env, std::size_t K>
-struct binding_at;
-template <class... Bs, std::size_t K>
-struct binding_at<env<Bs...>, K> {
-  using type = std::tuple_element_t<K, std::tuple<Bs...>>;
-};
-
 template <axis_mask M>
 constexpr auto set_bits() {
   std::array<std::size_t, std::popcount(M)> bits{};
