@@ -181,8 +181,75 @@ TEST_SUITE("transpose") {
     CHECK(lv(0) == rv(0));
     CHECK_BITWISE(lv, lp);
     CHECK_BITWISE(rv, rp);
-    CHECK(namedax::pmap<"i">([](auto x) { return namedax::psum(namedax::pbroadcast(namedax::psum(x, "i"_ax), "i"_ax), "i"_ax); })(
+    CHECK(namedax::pmap<"i">([](auto x) { return namedax::psum(namedax::pvary(namedax::psum(x, "i"_ax), "i"_ax), "i"_ax); })(
               xt::xarray<int>{1, 2, 3, 4}) == xt::xarray<int>{40, 40, 40, 40});
+    // pcast to varying is the same map.
+    auto cast = [](auto x, auto ct) {
+      auto invariant = namedax::psum(x, "i"_ax);
+      auto op = linear::pcast("i"_ax, namedax::pcast_to::varying);
+      auto y = op(invariant);
+      static_assert(decltype(y)::varying == 1);
+      return std::tuple{total(y * ct), total(invariant * namedax::transpose(op, ct))};
+    };
+    auto [lc, rc] = namedax::pmap<"i">(cast)(x, ct);
+    CHECK(lc(0) == rc(0));
+    CHECK(lc(0) != 0.0);
+  }
+
+  TEST_CASE("transpose of pbroadcast: the cotangent at index source, zeros elsewhere, with no exchange") {
+    std::mt19937 rng(11);
+    for (int source : {0, 2, 3}) {
+      CAPTURE(source);
+      check_adjoint_both(linear::pbroadcast("i"_ax, source), rng, {4, 3});
+      check_adjoint_both(linear::pbroadcast("i"_ax, source), rng, {4, 2, 3});
+      check_vjp_all(linear::pbroadcast("i"_ax, source), rng, {4, 3});
+    }
+    // By hand: ct = 10 (invariant) goes to index 2 only, typed as varying.
+    auto f = [](auto x, auto c) {
+      auto op = linear::pbroadcast("i"_ax, 2);
+      static_assert(decltype(op(x))::varying == 0);
+      auto back = namedax::transpose(op, c);
+      static_assert(decltype(back)::varying == 1);
+      return back;
+    };
+    xt::xarray<double> x{1, 2, 3, 4}, c{10};
+    auto in_axes = std::tuple{0, namedax::none};
+    CHECK_BITWISE(namedax::vmap<"i">(f, in_axes)(x, c), column({0, 0, 10, 0}));
+    CHECK_BITWISE(namedax::pmap<"i">(f, in_axes)(x, c), column({0, 0, 10, 0}));
+    // A varying cotangent stands for its sum over "i" (the pairing with an invariant result).
+    xt::xarray<double> cv = column({1, 2, 3, 4});
+    CHECK_BITWISE(namedax::vmap<"i">(f)(x, cv), column({0, 0, 10, 0}));
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x, cv), column({0, 0, 10, 0}));
+    // A source out of range.
+    auto bad = [](auto x) { return namedax::transpose(linear::pbroadcast("i"_ax, 4), namedax::psum(x, "i"_ax)); };
+    CHECK(error_of([&] { namedax::vmap<"i">(bad)(x); }) ==
+          "namedax::transpose of pbroadcast: source 4 is out of range for axis ('i',) of size 4; use indices 0..3");
+  }
+
+  TEST_CASE("transpose of pbroadcast over two names: the source is row-major, in vmap of vmap and pmap of vmap") {
+    xt::xarray<double> x = xt::arange<double>(8).reshape({4, 2});
+    xt::xarray<double> c{5};
+    auto f = [](auto x, auto c) {
+      auto op = linear::pbroadcast(namedax::axes("i"_ax, "j"_ax), 5);  // i = 2, j = 1
+      auto y = op(x);
+      auto back = namedax::transpose(op, c);
+      return std::tuple{namedax::eval(y + x * 0.), back};
+    };
+    auto in_axes = std::tuple{0, namedax::none};
+    xt::xarray<double> ey = xt::ones<double>({4, 2}) * 5.;
+    xt::xarray<double> eb{{0, 0}, {0, 0}, {0, 5}, {0, 0}};
+    eb.reshape({4, 2, 1});
+    for (const auto& [y, b] : {namedax::vmap<"i">(namedax::vmap<"j">(f, in_axes), in_axes)(x, c),
+                               namedax::pmap<"i">(namedax::vmap<"j">(f, in_axes), in_axes)(x, c)}) {
+      CHECK_BITWISE(y, ey);
+      CHECK_BITWISE(b, eb);
+    }
+  }
+
+  TEST_CASE("linear::all_gather_invariant transposes as all_gather without groups") {
+    std::mt19937 rng(12);
+    check_adjoint_both(linear::all_gather_invariant("i"_ax), rng, {4, 3});
+    check_adjoint_both(linear::all_gather_invariant("i"_ax, {.axis = 1, .tiled = true}), rng, {4, 2, 3});
   }
 
   TEST_CASE("transpose of all_gather: axis, tiled, groups, with either cotangent") {

@@ -201,6 +201,11 @@ template <AxisArgument A, class Options = all_gather_options>
 all_gather_map<A, true> all_gather(A axes, const Options& options) {
   return {{}, axes, options};
 }
+/// x -> all_gather_invariant(x, axes, options): all_gather without groups, the same transpose.
+template <AxisArgument A>
+all_gather_map<A, false> all_gather_invariant(A axes, const all_gather_invariant_options& options = {}) {
+  return {{}, axes, {.axis = options.axis, .tiled = options.tiled}};
+}
 
 /// x -> psum_scatter(x, axes, options); its transpose is all_gather with the same groups,
 /// at axis scatter_dimension, tiled alike.
@@ -339,9 +344,39 @@ template <AxisArgument A>
 pvary_map<A> pvary(A axes) {
   return {{}, axes};
 }
+/// pcast to varying is pvary; pcast's other targets have no type in namedax.
 template <AxisArgument A>
+pvary_map<A> pcast(A axes, pcast_to::varying_t) {
+  return {{}, axes};
+}
+/// JAX's earlier pbroadcast, without a source: pvary.
+template <AxisArgument A>
+[[deprecated("namedax::linear::pbroadcast(axes) is JAX's earlier name of pvary: use namedax::linear::pvary(axes), "
+             "or namedax::linear::pbroadcast(axes, source) to broadcast the value of one index")]]
 pvary_map<A> pbroadcast(A axes) {
   return {{}, axes};
+}
+
+/// x -> pbroadcast(x, axes, source): every index gets the value of index source, the same
+/// along the names. Its transpose takes a cotangent (summed where it varies along the names,
+/// as for psum) to index source and zeros to every other index: nothing is exchanged.
+template <AxisArgument A>
+struct pbroadcast_map : detail::linear_map_base {
+  A axes;
+  int source;
+
+  template <class X>
+  auto operator()(const X& x) const {
+    return namedax::pbroadcast(x, axes, source);
+  }
+  template <NamedValue C>
+  auto transpose_of(const C& ct) const {
+    return detail::at_source_only(detail::sum_along_varying(ct, detail::names_of<A>{}), axes, source);
+  }
+};
+template <AxisArgument A>
+pbroadcast_map<A> pbroadcast(A axes, int source) {
+  return {{}, axes, source};
 }
 
 // ---------------------------------------------------------------------------------------

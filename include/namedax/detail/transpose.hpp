@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // What the transposes of the collectives share: the names of a mask, the sum that makes a
 // cotangent the same along names, the match of a result to its primal's type, the local
-// slice that transposes all_gather, and positional permutes, reshapes and contractions.
+// slice that transposes all_gather, the local placement that transposes pbroadcast, and
+// positional permutes, reshapes and contractions.
 #pragma once
 
 #include <namedax/collectives.hpp>
@@ -104,6 +105,29 @@ xt::xarray<T> own_chunk_rule(std::string_view verb, strided_block<T> in, std::si
   if (scaled && g != 1)
     for (auto& v : out) v = static_cast<T>(v * static_cast<T>(g));
   return out;
+}
+
+/// The names of a type list as JAX prints a tuple of names, for messages: "('i',)", "('i', 'j')".
+template <class... Names>
+std::string names_text(type_list<Names...>) {
+  std::string out = "(";
+  const char* separator = "'";
+  ((out += separator, out += Names::name, out += '\'', separator = ", '"), ...);
+  return out + (sizeof...(Names) == 1 ? ",)" : ")");
+}
+
+/// The transpose of pbroadcast from `source` on a cotangent that is the same along the names:
+/// the cotangent at index source (row-major over several names), zeros at every other index.
+/// Nothing is exchanged: a pairing with the invariant result reads index source's value once.
+template <class C, class A>
+auto at_source_only(const C& ct, const A& axes, int source) {
+  using names = decltype(names_only(to_axis_list(axes)));
+  const int size = axis_size(axes);
+  if (source < 0 || source >= size)
+    fail("namedax::transpose of pbroadcast: source ", source, " is out of range for axis ", names_text(names{}),
+         " of size ", size, "; ", valid_indices(static_cast<std::size_t>(size)));
+  using T = typename C::value_type;
+  return namedax::eval(where(axis_index(axes) == source, ct, T{}));
 }
 
 /// A permutation of 0..rank-1 given as ints (negative counting from the end), or an error.
