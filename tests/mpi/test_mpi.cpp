@@ -295,6 +295,35 @@ TEST_SUITE("collectives on processes against vmap") {
     CHECK_BITWISE(xt::xarray<float>(xt::view(moved, n - 1)), xt::xarray<float>(xt::view(x, 0)));
     check_like_vmap(f, 0, x);
   }
+  TEST_CASE("pbroadcast from every source: each process gets the source's value, exact for NaN, -inf and -0") {
+    const std::size_t n = processes;
+    xt::xarray<float> x = xt::arange<float>(static_cast<float>(n * 3)).reshape({n, 3});
+    x(n - 1, 0) = std::numeric_limits<float>::quiet_NaN();
+    x(n - 1, 1) = -std::numeric_limits<float>::infinity();
+    x(n - 1, 2) = -0.f;
+    xt::xarray<std::int32_t> counts = xt::arange<std::int32_t>(static_cast<std::int32_t>(n)) - 7;
+    xt::xarray<bool> flags = xt::equal(counts % 2, 0);
+    for (int source = 0; source < static_cast<int>(n); ++source) {
+      CAPTURE(source);
+      auto f = [source](auto x, auto c, auto b) {
+        auto [y, k, f] = namedax::pbroadcast(std::tuple{x, c, b}, "i"_ax, source);
+        return std::tuple{y, k, namedax::cast<std::int32_t>(f)};  // bool leaves a process map as int32
+      };
+      auto [y, k, b] = namedax::mpi::pmap<"i">(f)(x, counts, flags);
+      for (std::size_t r = 0; r < n; ++r) {
+        CHECK_BITWISE(xt::xarray<float>(xt::view(y, r)), xt::xarray<float>(xt::view(x, source)));
+        CHECK(k(r) == counts(static_cast<std::size_t>(source)));
+        CHECK(b(r) == (flags(static_cast<std::size_t>(source)) ? 1 : 0));
+      }
+      check_like_vmap(f, 0, x, counts, flags);
+    }
+    auto bad = [](auto x) { return namedax::pbroadcast(x, "i"_ax, -1); };
+    const std::string message = error_of([&] { namedax::mpi::pmap<"i">(bad)(x); });
+    CHECK_MESSAGE(message.find("namedax::pbroadcast: source -1 is out of range for axis ('i',) of size " + std::to_string(n) +
+                               "; use indices 0.." + std::to_string(n - 1)) != std::string::npos,
+                  message);
+    check_like_vmap([](auto x) { return namedax::pbroadcast(x, "i"_ax, 0); }, 0, x);
+  }
   TEST_CASE("pargmax, pargmin (ties to the lowest index, in groups), pmax_with_index, axis_index, axis_size") {
     std::mt19937 rng(15);
     const std::size_t n = processes;
@@ -385,6 +414,19 @@ TEST_SUITE("meshes") {
     return whole_numbers<float>(rng, {2, nj, 2 * nj, 2});
   }
 
+  // pbroadcast over i, j and both (row-major and reversed), on every kind of 2-D mesh.
+  auto mesh_broadcasts = [](auto x) {
+    return std::tuple{namedax::pbroadcast(x, "i"_ax, 1), namedax::pbroadcast(x, "j"_ax, 0),
+                      namedax::pbroadcast(x, namedax::axes("i"_ax, "j"_ax), 1),
+                      namedax::pbroadcast(x, namedax::axes("j"_ax, "i"_ax), 1)};
+  };
+  TEST_CASE("pbroadcast on processes x processes, processes x vmap and processes x threads") {
+    const auto x = mesh_input(processes / 2);
+    auto expected = namedax::vmap<"i">(namedax::vmap<"j">(mesh_broadcasts))(x);
+    check_same(namedax::mpi::pmap<"i">(namedax::mpi::pmap<"j">(mesh_broadcasts))(x), expected);
+    check_same(namedax::mpi::pmap<"i">(namedax::vmap<"j">(mesh_broadcasts))(x), expected);
+    check_same(namedax::mpi::pmap<"i">(namedax::pmap<"j">(mesh_broadcasts))(x), expected);
+  }
   TEST_CASE("processes x processes: mpi::pmap of mpi::pmap, collectives over i, j and both") {
     const auto x = mesh_input(processes / 2);
     auto expected = namedax::vmap<"i">(namedax::vmap<"j">(mesh_collectives))(x);
