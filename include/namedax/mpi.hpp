@@ -570,4 +570,26 @@ auto pmap(F f, InAxes in_axes = 0, OutAxes out_axes = 0, std::size_t axis_size =
   };
 }
 
+/// A mesh axis of `size` MPI processes, one index per process, as mpi::pmap binds it:
+/// `namedax::mesh m{namedax::mpi::processes<"node">(2), namedax::devices<"core">(4)}`. Process
+/// axes come first in a mesh (the processes split before their threads do), and `size`
+/// divides the number of processes. Every process calls the shard_map and receives the whole
+/// result.
+template <fixed_string Name>
+struct process_axis {
+  using axis_type = axis<Name>;
+  static constexpr placement place = placement::devices;
+  static constexpr bool on_processes = true;
+  std::size_t size;
+
+  template <class F, class InAxes, class OutAxes>
+  auto map(F f, const InAxes& in_axes, const OutAxes& out_axes) const {
+    return mpi::pmap<Name>(std::move(f), in_axes, out_axes, size);
+  }
+};
+template <fixed_string Name>
+constexpr process_axis<Name> processes(std::size_t size) {
+  return {size};
+}
+
 }  // namespace namedax::mpi

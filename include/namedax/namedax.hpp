@@ -8,6 +8,7 @@
 #include <namedax/elementwise.hpp>
 #include <namedax/error.hpp>
 #include <namedax/map.hpp>
+#include <namedax/mesh.hpp>
 #include <namedax/named_array.hpp>
 #include <namedax/named_shape.hpp>
 #include <namedax/reductions.hpp>

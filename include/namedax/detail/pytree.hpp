@@ -44,14 +44,15 @@ concept HanaStruct = boost::hana::Struct<X>::value;
 template <class X>
 inline constexpr bool is_node = is_tuple_like<X> || HanaStruct<X>;
 
-/// The children of a pytree node, as a std::tuple of references.
+/// The children of a pytree node, as a std::tuple of references (const for a const node).
 template <class X>
-auto children(const X& x) {
-  if constexpr (HanaStruct<X>)
-    return boost::hana::unpack(boost::hana::accessors<X>(),
+auto children(X& x) {
+  using node = std::remove_const_t<X>;
+  if constexpr (HanaStruct<node>)
+    return boost::hana::unpack(boost::hana::accessors<node>(),
                                [&](auto... member) { return std::tie(boost::hana::second(member)(x)...); });
   else
-    return std::apply([](const auto&... child) { return std::tie(child...); }, x);
+    return std::apply([](auto&... child) { return std::tie(child...); }, x);
 }
 
 /// The struct template `X` is made of, with the types of `Parts` as its arguments: one per
@@ -120,11 +121,13 @@ constexpr std::size_t leaf_count() {
   }
 }
 
-/// The leaves of a pytree, in order, as a std::tuple of references.
+/// The leaves of a pytree, in order, as a std::tuple of references (const for a const tree).
 template <class X>
-auto tree_leaves(const X& x) {
-  if constexpr (is_node<X>) return std::apply([](const auto&... c) { return std::tuple_cat(tree_leaves(c)...); }, children(x));
-  else return std::tuple<const X&>(x);
+auto tree_leaves(X& x) {
+  if constexpr (is_node<std::remove_const_t<X>>)
+    return std::apply([](auto&... c) { return std::tuple_cat(tree_leaves(c)...); }, children(x));
+  else
+    return std::tuple<X&>(x);
 }
 
 /// A pytree shaped as `X` whose leaves are `leaves` from position `Offset` on (a std::tuple, in
