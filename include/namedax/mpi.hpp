@@ -130,6 +130,12 @@ class channel final : public process_channel {
           "MPI_Reduce_scatter_block");
     finish(&request, 1, "MPI_Reduce_scatter_block");
   }
+  void broadcast(void* data, std::size_t bytes, std::size_t root) override {
+    const int n = count_of(bytes, "MPI_Bcast");
+    MPI_Request request;
+    check(MPI_Ibcast(data, n, MPI_BYTE, static_cast<int>(root), comm_, &request), "MPI_Bcast");
+    finish(&request, 1, "MPI_Bcast");
+  }
   void alltoall(const void* in, void* out, std::size_t bytes_each) override {
     const int n = count_of(bytes_each, "MPI_Alltoall");
     MPI_Request request;

@@ -453,6 +453,31 @@ TEST_SUITE("meshes") {
     check_same(namedax::mpi::pmap<"i">(namedax::pmap<"j">(mesh_collectives))(x),
                namedax::vmap<"i">(namedax::vmap<"j">(mesh_collectives))(x));
   }
+
+  TEST_CASE("shard_map on a mesh of processes x threads and of processes x processes, against a vectorized mesh") {
+    // Rows split over ("i", "j"); the result of each block: its psum over "i", the gathered
+    // blocks along "j", and the total over both (one value, out spec P()).
+    const std::size_t nj = processes / 2;
+    std::mt19937 rng(18);
+    const auto x = whole_numbers<float>(rng, {2 * nj * 3, 2});
+    auto f = [](auto block) {
+      return std::tuple{namedax::psum(block, "i"_ax), namedax::all_gather(block, "j"_ax, {.tiled = true}),
+                        namedax::psum(block, namedax::axes("i"_ax, "j"_ax))};
+    };
+    const auto in_specs = namedax::P(namedax::axes("i"_ax, "j"_ax));
+    const auto out_specs = std::tuple{namedax::P("j"_ax), namedax::P("i"_ax), namedax::P()};
+    namedax::mesh vectorized{namedax::vectorized<"i">(2), namedax::vectorized<"j">(nj)};
+    const auto expected = namedax::shard_map(f, vectorized, in_specs, out_specs)(x);
+    namedax::mesh threads{namedax::mpi::processes<"i">(2), namedax::devices<"j">(nj)};
+    check_same(namedax::shard_map(f, threads, in_specs, out_specs)(x), expected);
+    namedax::mesh both{namedax::mpi::processes<"i">(2), namedax::mpi::processes<"j">(nj)};
+    check_same(namedax::shard_map(f, both, in_specs, out_specs)(x), expected);
+    // The total against plain loops: block (i, j) holds the 3 rows from (i * nj + j) * 3.
+    xt::xarray<float> total = xt::zeros<float>({3, 2});
+    for (std::size_t b = 0; b < 2 * nj; ++b) total += xt::view(x, xt::range(b * 3, b * 3 + 3), xt::all());
+    CHECK_BITWISE(std::get<1>(expected), x);  // each "i" half gathered along "j", concatenated over "i"
+    CHECK_BITWISE(std::get<2>(expected), total);
+  }
 }
 
 TEST_SUITE("errors") {

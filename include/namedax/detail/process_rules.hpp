@@ -11,6 +11,7 @@
 #include <namedax/detail/pbroadcast.hpp>
 #include <namedax/detail/ppermute.hpp>
 
+#include <cstring>
 #include <optional>
 
 namespace namedax::detail {
@@ -153,10 +154,8 @@ std::optional<xt::xarray<T>> ppermute_across_processes(std::string_view verb, co
   return out;
 }
 
-/// pbroadcast: one MPI_Allreduce of the payload's bytes, summed as unsigned bytes, to which
-/// every process but the source gives zeros. A byte plus zeros is that byte, so every element
-/// type arrives exact (NaN, infinities, bool), and about twice the payload crosses the wire
-/// where an MPI_Allgather would carry every process's.
+/// pbroadcast: MPI_Bcast of the source's payload as bytes, so every element type arrives
+/// exact (NaN, infinities, bool).
 template <class T>
 std::optional<xt::xarray<T>> pbroadcast_across_processes(std::string_view verb, const strided_block<T>& in,
                                                          std::span<const named_axis> axes, int source) {
@@ -166,14 +165,10 @@ std::optional<xt::xarray<T>> pbroadcast_across_processes(std::string_view verb, 
   if (!call) return std::nullopt;
   auto out = uninitialized_array<T>(call->in.shape);
   const std::size_t bytes = out.size() * sizeof(T);
-  xt::xarray<std::uint8_t> zeros = empty_array<std::uint8_t>();
-  const void* offered = call->in.data;
-  if (call->channel->rank() != static_cast<std::size_t>(source)) {
-    zeros = xt::zeros<std::uint8_t>({bytes});
-    offered = zeros.data();
-  }
-  call_keeping([&] { call->channel->allreduce(offered, out.data(), bytes, element_kind::uint8, fold_kind::sum); }, out,
-               call->contiguous, zeros);
+  if (call->channel->rank() == static_cast<std::size_t>(source) && bytes != 0)
+    std::memcpy(out.data(), call->in.data, bytes);
+  call_keeping([&] { call->channel->broadcast(out.data(), bytes, static_cast<std::size_t>(source)); }, out,
+               call->contiguous);
   return out;
 }
 

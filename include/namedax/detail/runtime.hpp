@@ -55,6 +55,8 @@ struct process_channel {
   virtual void allreduce(const void* in, void* out, std::size_t count, element_kind, fold_kind) = 0;
   virtual void reduce_scatter(const void* in, void* out, std::size_t count_each, element_kind, fold_kind) = 0;
   virtual void alltoall(const void* in, void* out, std::size_t bytes_each) = 0;
+  /// Copies `bytes` at `data` of rank `root` into `data` of every other rank.
+  virtual void broadcast(void* data, std::size_t bytes, std::size_t root) = 0;
   /// Sends `bytes` to rank `to` and receives them from rank `from` (-1: none).
   virtual void sendrecv(const void* in, long to, void* out, long from, std::size_t bytes) = 0;
 };
