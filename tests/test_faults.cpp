@@ -188,6 +188,13 @@ TEST_SUITE("faults") {
       return a + b;
     });
     run_case("pshuffle", V{3}, [](const auto& v) { return namedax::pshuffle(v, "i"_ax, {3, 2, 1, 0}); });
+    // A broadcast from one device: small, large, and a pair.
+    run_case("pbroadcast, one shot", V{3}, [](const auto& v) { return namedax::pbroadcast(v, "i"_ax, 2); });
+    run_case("pbroadcast, lent", V{2000}, [](const auto& v) { return namedax::pbroadcast(v, "i"_ax, 1); });
+    run_case("pbroadcast of a pair", V{3}, [](const auto& v) {
+      auto [a, b] = namedax::pbroadcast(std::pair{v, v * 2.0f}, "i"_ax, 3);
+      return a + b;
+    });
     MESSAGE(cases_run, " runs without a fault and ", faults_run, " with one");
     CHECK(faults_run == cases_run * 8);
   }
