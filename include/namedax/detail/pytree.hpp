@@ -138,7 +138,7 @@ auto tree_unflatten(Leaves& leaves) {
     using parts = decltype(children(std::declval<const X&>()));
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       constexpr std::array<std::size_t, sizeof...(I)> sizes{leaf_count<std::remove_cvref_t<std::tuple_element_t<I, parts>>>()...};
-      constexpr auto before = [sizes](std::size_t i) {
+      [[maybe_unused]] constexpr auto before = [sizes](std::size_t i) {
         std::size_t n = 0;
         for (std::size_t k = 0; k < i; ++k) n += sizes[k];
         return n;

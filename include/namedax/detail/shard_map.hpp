@@ -6,6 +6,8 @@
 
 #include <namedax/detail/map.hpp>
 
+#include <xtensor/xadapt.hpp>
+
 #include <array>
 #include <string_view>
 
@@ -78,7 +80,7 @@ struct spec_layout<partition_spec<Dims...>> {
   static constexpr std::size_t named = (Dims::count + ... + 0);
   static constexpr auto names = [] {
     std::array<std::string_view, named> all{};
-    std::size_t k = 0;
+    [[maybe_unused]] std::size_t k = 0;
     (append_names(static_cast<Dims*>(nullptr), all.data(), k), ...);
     return all;
   }();
@@ -178,7 +180,7 @@ std::string spec_names_of_dim(std::size_t d) {
 
 /// An argument split by its spec: each spec'd dim of size D over mesh axes of sizes s1..sk
 /// becomes dims (s1, ..., sk, D / (s1 * ... * sk)), contiguous blocks in row-major order over
-/// the axes, as a strided view (no copy).
+/// the axes, by new strides over the same memory (no copy).
 template <class Spec, class MeshEnv, class C>
 auto split_by_spec(const C& c, std::span<const std::size_t> mesh_sizes, std::string_view argument) {
   using layout = spec_layout<Spec>;
@@ -210,7 +212,8 @@ auto split_by_spec(const C& c, std::span<const std::size_t> mesh_sizes, std::str
     for (std::size_t j = 0; j < sizes.size(); ++j) split_shape.push_back(sizes[j]), split_strides.push_back(axis_strides[j]);
     split_shape.push_back(block), split_strides.push_back(stride);
   }
-  return xt::strided_view(c, std::move(split_shape), std::move(split_strides), 0, xt::layout_type::dynamic);
+  // An adaptor, not a view: a container to the maps, which then take it by reference.
+  return xt::adapt(c.data(), c.size(), xt::no_ownership(), std::move(split_shape), std::move(split_strides));
 }
 
 /// A map's in_axes or out_axes entry for a value with spec `Spec` at mesh level `Level`.
@@ -325,10 +328,10 @@ auto call_shard_map(const F& f, const Mesh& m, const InSpecs& in_specs, const Ou
   // The function as the innermost map calls it: the argument pytrees built again around the
   // blocks, and each result leaf checked against its out spec. The last block is the
   // environment's carrier, dropped here.
-  auto body = [&f, &out_specs](const auto&... block) {
+  auto body = [&f](const auto&... block) {
     auto flat = std::tuple{block...};
     auto result = std::apply(f, tree_unflatten<std::tuple<Args...>>(flat));
-    using out_specs_type = decltype(spread_prefix<decltype(result)>(out_specs));
+    using out_specs_type = decltype(spread_prefix<decltype(result)>(std::declval<const OutSpecs&>()));
     const auto result_leaves = tree_leaves(result);
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       // In a static_assert, so that both compilers report it before the maps check out_axes.
