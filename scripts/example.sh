@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the flagship example (data-parallel linear regression, vmap vs pmap).
+# Sets up, builds and runs the flagship example (data-parallel linear regression on a threads mesh and a vectorized mesh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
