@@ -193,5 +193,15 @@ TEST_SUITE("maps") {
     CHECK_THROWS_WITH_AS(namedax::pmap<"i">(f, std::tuple{0, std::pair{0, 1}})(a, std::pair{a, a}),
                          doctest::Contains("in_axes of argument 1, leaf 1 1 is out of range for 1 positions"),
                          namedax::error);
+    // out_axes name the result leaf they are wrong for.
+    auto g = [](auto v) { return std::pair{v, v * 2.f}; };
+    for (auto message : {"namedax::vmap<\"i\">: out_axes of result 1 2 is out of range for 1 positions",
+                         "namedax::pmap<\"i\">: out_axes of result 1 2 is out of range for 1 positions"}) {
+      const bool vectorized = std::string_view(message).find("vmap") != std::string_view::npos;
+      auto out_axes = std::pair{0, 2};
+      CHECK(namedax_test::error_of([&] {
+              vectorized ? (void)namedax::vmap<"i">(g, 0, out_axes)(a) : (void)namedax::pmap<"i">(g, 0, out_axes)(a);
+            }) == message);
+    }
   }
 }

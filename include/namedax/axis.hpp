@@ -92,10 +92,20 @@ struct make_axis_list<K, type_list<Names...>, First, Rest...>
                          make_axis_list<K, type_list<Names...>, Rest...>> {};
 }  // namespace detail
 
+namespace detail {
+/// A string where an axis belongs (`psum(x, "i")`, JAX's spelling): accepted by the
+/// signatures only so that to_axis_list can say how axis names are written.
+template <class T>
+inline constexpr bool is_string_axis = !Axis<T> && std::is_convertible_v<const T&, std::string_view>;
+}  // namespace detail
+
 /// Build an axis list from names and positional ints: `axes("i"_ax, 0, "j"_ax)`.
 template <class... Args>
-  requires((Axis<Args> || std::is_integral_v<Args>) && ...)
+  requires((Axis<Args> || std::is_integral_v<Args> || detail::is_string_axis<Args>) && ...)
 constexpr auto axes([[maybe_unused]] Args... args) {
+  static_assert((!detail::is_string_axis<Args> && ...),
+                "namedax::axes: axis names are types, written \"i\"_ax (with using namespace namedax::literals) or "
+                "namedax::axis<\"i\">{}, not the string \"i\"");
   constexpr std::size_t positional = (std::size_t{std::is_integral_v<Args>} + ... + 0);
   using list = typename detail::make_axis_list<positional, detail::type_list<>, Args...>::type;
   list result;
@@ -114,15 +124,21 @@ template <std::size_t K, class... Names>
 inline constexpr bool is_axis_list<axis_list<K, Names...>> = true;
 }  // namespace detail
 
-/// Anything a collective accepts as its axis argument: one name, or `axes(...)`.
+
+/// Anything a collective accepts as its axis argument: one name, or `axes(...)`. (A string
+/// is let through, to fail with a message that says how to write the name.)
 template <class T>
-concept AxisArgument = Axis<T> || detail::is_axis_list<std::remove_cvref_t<T>>;
+concept AxisArgument = Axis<T> || detail::is_axis_list<std::remove_cvref_t<T>> ||
+                       detail::is_string_axis<std::remove_cvref_t<T>>;
 
 namespace detail {
 /// One name becomes a list of one.
 template <AxisArgument T>
 constexpr auto to_axis_list(const T& a) {
+  static_assert(!is_string_axis<T>, "namedax: axis names are types, written \"i\"_ax (with using namespace "
+                                    "namedax::literals) or namedax::axis<\"i\">{}, not the string \"i\"");
   if constexpr (Axis<T>) return axis_list<0, std::remove_cvref_t<T>>{};
+  else if constexpr (is_string_axis<T>) return axis_list<0>{};
   else return a;
 }
 }  // namespace detail

@@ -145,11 +145,11 @@ struct stacked_layout {
 };
 
 /// `outer_vectorized`: the number of vectorized dims of the environment around the map, which
-/// end each slab.
+/// end each slab; `leaf`: which leaf of the result, for messages.
 inline stacked_layout stack_layout(std::string_view verb, std::string_view name, std::span<const std::size_t> slab,
-                                   std::size_t count, int out_axes, std::size_t outer_vectorized) {
+                                   std::size_t count, int out_axes, std::size_t outer_vectorized, std::size_t leaf) {
   const std::size_t positional = slab.size() - outer_vectorized;
-  const std::size_t o = canonical_axis(verb, name, "out_axes", out_axes, positional + 1);
+  const std::size_t o = canonical_axis(verb, name, message("out_axes of result ", leaf), out_axes, positional + 1);
   stacked_layout l{{}, {}, 0};
   for (std::size_t k = 0; k <= slab.size(); ++k) {
     if (k == o) l.shape.push_back(count);
@@ -181,8 +181,8 @@ auto stacked_result(xt::xarray<T> out) {
 /// goes to position out_axes, and the value keeps the outer environment.
 template <class T>
 xt::xarray<T> stack_slabs(std::string_view verb, std::string_view name, const std::vector<strided_block<T>>& slabs,
-                          int out_axes, std::size_t outer_vectorized) {
-  const stacked_layout l = stack_layout(verb, name, slabs.front().shape, slabs.size(), out_axes, outer_vectorized);
+                          int out_axes, std::size_t outer_vectorized, std::size_t leaf) {
+  const stacked_layout l = stack_layout(verb, name, slabs.front().shape, slabs.size(), out_axes, outer_vectorized, leaf);
   auto out = uninitialized_array<T>(l.shape);
   for (std::size_t d = 0; d < slabs.size(); ++d)
     copy_strided(slabs[d], out.data() + static_cast<std::ptrdiff_t>(d) * l.slot_step, l.slab_strides);
@@ -384,7 +384,7 @@ auto run_vectorized(const Call& call, const OutAxes& out_axes) {
       strides.push_back(0);
       evaluate_into<T>(payload, shape, out.data(), strides);
     } else {
-      stacked_layout l = stack_layout(call.verb(), name, shape, n, entry, Outer::vectorized_count);
+      stacked_layout l = stack_layout(call.verb(), name, shape, n, entry, Outer::vectorized_count, K);
       shape.push_back(n);
       l.slab_strides.push_back(l.slot_step);
       out = uninitialized_array<T>(l.shape);
@@ -436,7 +436,7 @@ auto run_on_devices(const Call& call, const OutAxes& out_axes) {
           fail("namedax::", call.verb(), "<\"", name, "\">: devices returned values of different shapes for result ",
                K, ": device 0 returned ", slabs.front().shape, ", device ", d, " returned ", slabs.back().shape);
       }
-      return stacked_result<Outer, varying>(stack_slabs<T>(call.verb(), name, slabs, entry, Outer::vectorized_count));
+      return stacked_result<Outer, varying>(stack_slabs<T>(call.verb(), name, slabs, entry, Outer::vectorized_count, K));
     }
   });
 }
@@ -502,13 +502,13 @@ auto run_on_processes(const Call& call, const OutAxes& out_axes, process_grid& p
       return stacked_result<Outer, varying>(evaluate(std::get<K>(*mine)));
     } else {
       if (call.own_slices())
-        return stacked_result<Outer, varying>(stack_slabs<T>(call.verb(), name, {mine_block}, entry, Outer::vectorized_count));
+        return stacked_result<Outer, varying>(stack_slabs<T>(call.verb(), name, {mine_block}, entry, Outer::vectorized_count, K));
       const std::size_t elements = element_count(mine_block.shape);
       auto all = uninitialized_array<T>(std::array{n * elements});
       channel.allgather(mine_block.data, all.data(), elements * sizeof(T));
       std::vector<strided_block<T>> slabs(n, {all.data(), mine_block.shape, row_major_strides(mine_block.shape)});
       for (std::size_t d = 0; d < n; ++d) slabs[d].data += d * elements;
-      return stacked_result<Outer, varying>(stack_slabs<T>(call.verb(), name, slabs, entry, Outer::vectorized_count));
+      return stacked_result<Outer, varying>(stack_slabs<T>(call.verb(), name, slabs, entry, Outer::vectorized_count, K));
     }
   });
 }
