@@ -204,4 +204,35 @@ TEST_SUITE("maps") {
             }) == message);
     }
   }
+
+  TEST_CASE("into: results written into the caller's arrays, the same bits, the same memory on every call") {
+    xt::xarray<float> x = xt::arange<float>(12).reshape({4, 3});
+    auto f = [](auto v) { return std::tuple{v / namedax::psum(v, "i"_ax), namedax::pmax(v, "i"_ax)}; };
+    const auto out_axes = std::tuple{1, namedax::none};
+    for (int mode = 0; mode < 2; ++mode) {
+      INFO((mode == 0 ? "vmap" : "pmap"));
+      auto run = [&](const auto& map) {
+        const auto [expected, max] = map(x);
+        xt::xarray<float> a, b;  // empty: the first call sizes them
+        map.into(std::tie(a, b))(x);
+        CHECK_BITWISE(a, expected);
+        CHECK_BITWISE(b, max);
+        const float* memory = a.data();
+        map.into(std::tie(a, b))(x + 1.f);
+        CHECK(a.data() == memory);  // the second call reuses the array
+        CHECK_BITWISE(b, xt::xarray<float>(max + 1.f));
+        // A column-major array of the right shape is written through its own strides.
+        xt::xarray<float, xt::layout_type::column_major> c = xt::zeros<float>({3, 4});
+        xt::xarray<float> d;
+        map.into(std::tie(c, d))(x);
+        CHECK(xt::xarray<float>(c) == expected);
+      };
+      if (mode == 0) run(namedax::vmap<"i">(f, 0, out_axes));
+      else run(namedax::pmap<"i">(f, 0, out_axes));
+    }
+    // One result: the array itself.
+    xt::xarray<float> y;
+    namedax::pmap<"i">([](auto v) { return v * 2.f; }).into(y)(x);
+    CHECK_BITWISE(y, xt::xarray<float>(x * 2.f));
+  }
 }

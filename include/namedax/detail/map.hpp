@@ -136,12 +136,11 @@ auto to_inner(const L& leaf) {
 template <class Inner, class L>
 inline constexpr axis_mask result_mask = decltype(to_inner<Inner>(std::declval<const L&>()))::varying;
 
-/// Where a map's output goes: its shape (a slab's, with the mapped axis of `count` inserted
-/// at out_axes), the strides of a slab's dims in it, and the step from one slab to the next.
+/// Where a map's output for one result leaf goes: its shape (a slab's, with the mapped axis
+/// of `count` inserted at out_axes) and the position `slot` of that axis.
 struct stacked_layout {
   dims_t shape;
-  strides_t slab_strides;
-  std::ptrdiff_t slot_step;
+  std::size_t slot;
 };
 
 /// `outer_vectorized`: the number of vectorized dims of the environment around the map, which
@@ -150,7 +149,7 @@ inline stacked_layout stack_layout(std::string_view verb, std::string_view name,
                                    std::size_t count, int out_axes, std::size_t outer_vectorized, std::size_t leaf) {
   const std::size_t positional = slab.size() - outer_vectorized;
   const std::size_t o = canonical_axis(verb, name, message("out_axes of result ", leaf), out_axes, positional + 1);
-  stacked_layout l{{}, {}, 0};
+  stacked_layout l{{}, o};
   for (std::size_t k = 0; k <= slab.size(); ++k) {
     if (k == o) l.shape.push_back(count);
     if (k < slab.size()) l.shape.push_back(slab[k]);
@@ -158,35 +157,72 @@ inline stacked_layout stack_layout(std::string_view verb, std::string_view name,
   if (element_count_overflows(l.shape))
     fail("namedax::", verb, "<\"", name, "\">: stacking ", count, " results of shape ", slab,
          " gives more elements than std::size_t counts; slice or reduce the results first");
-  l.slab_strides = row_major_strides(l.shape);
-  l.slot_step = l.slab_strides[o];
-  l.slab_strides.erase(l.slab_strides.begin() + static_cast<std::ptrdiff_t>(o));
   return l;
 }
 
-/// The map's output array as its result: the array itself, or in an enclosing map a value of
-/// the outer environment that no longer varies along this map's axis.
-template <class Outer, axis_mask Varying, class T>
-auto stacked_result(xt::xarray<T> out) {
-  if constexpr (Outer::size == 0) {
-    return out;
+/// A map called as `.into(outputs)`: the caller's arrays, a pytree shaped as the result.
+/// Without it (`no_destination`), each result leaf is a fresh array.
+struct no_destination {};
+
+/// The memory a result leaf is written to, with its strides: a fresh row-major array, or the
+/// caller's array given to into(), resized only when its shape differs.
+template <class T>
+struct output_memory {
+  xt::xarray<T> fresh;  // empty when the caller's array is written
+  T* data = nullptr;
+  strides_t strides;
+
+  /// The strides of a slab in it, and the step from one slab to the next, when the mapped
+  /// axis is at `slot`.
+  [[nodiscard]] std::pair<strides_t, std::ptrdiff_t> slots(std::size_t slot) const {
+    strides_t slab = strides;
+    const std::ptrdiff_t step = slab[slot];
+    slab.erase(slab.begin() + static_cast<std::ptrdiff_t>(slot));
+    return {std::move(slab), step};
+  }
+};
+
+template <class T, std::size_t Leaf, class Dest>
+output_memory<T> output_memory_for(const dims_t& shape, Dest& dest) {
+  output_memory<T> out;
+  if constexpr (std::is_same_v<Dest, no_destination>) {
+    out.fresh = uninitialized_array<T>(shape);
+    out.data = out.fresh.data();
+    out.strides = row_major_strides(shape);
+  } else {
+    auto& target = std::get<Leaf>(tree_leaves(dest));
+    static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(target)>::value_type, T>,
+                  "namedax: into: an output array's element type differs from the result's");
+    if (!std::equal(shape.begin(), shape.end(), target.shape().begin(), target.shape().end())) target.resize(shape);
+    out.data = target.data();
+    out.strides.assign(target.strides().begin(), target.strides().end());
+  }
+  return out;
+}
+
+/// What a map returns for one result leaf: the fresh array itself, or in an enclosing map a
+/// value of the outer environment that no longer varies along this map's axis; nothing for
+/// a leaf written into the caller's array.
+template <class Outer, axis_mask Varying, class Dest, class T>
+auto map_result(output_memory<T>&& out) {
+  if constexpr (!std::is_same_v<Dest, no_destination>) {
+    return 0;
+  } else if constexpr (Outer::size == 0) {
+    return std::move(out.fresh);
   } else {
     constexpr axis_mask own_bit = axis_mask{1} << Outer::size;
-    return make_named<shared_array<T>, Outer, Varying & ~own_bit>(share_array(std::move(out)));
+    return make_named<shared_array<T>, Outer, Varying & ~own_bit>(share_array(std::move(out.fresh)));
   }
 }
 
 /// The map's output for one result leaf, from one slab per index of the mapped axis (each
-/// with the positional dims, then the outer environment's vectorized dims): the new axis
-/// goes to position out_axes, and the value keeps the outer environment.
+/// with the positional dims, then the outer environment's vectorized dims), the new axis at
+/// position `slot`.
 template <class T>
-xt::xarray<T> stack_slabs(std::string_view verb, std::string_view name, const std::vector<strided_block<T>>& slabs,
-                          int out_axes, std::size_t outer_vectorized, std::size_t leaf) {
-  const stacked_layout l = stack_layout(verb, name, slabs.front().shape, slabs.size(), out_axes, outer_vectorized, leaf);
-  auto out = uninitialized_array<T>(l.shape);
+void stack_slabs(const std::vector<strided_block<T>>& slabs, const output_memory<T>& out, std::size_t slot) {
+  const auto [slab_strides, step] = out.slots(slot);
   for (std::size_t d = 0; d < slabs.size(); ++d)
-    copy_strided(slabs[d], out.data() + static_cast<std::ptrdiff_t>(d) * l.slot_step, l.slab_strides);
-  return out;
+    copy_strided(slabs[d], out.data + static_cast<std::ptrdiff_t>(d) * step, slab_strides);
 }
 
 /// Checks at compile time that a result leaf whose out_axes entry is `none` does not vary
@@ -195,8 +231,7 @@ template <class Binding, class Inner, std::size_t Leaf, class Entry, class L>
 constexpr void check_unstacked() {
   if constexpr (std::is_same_v<Entry, none_t>) {
     constexpr axis_mask own_bit = axis_mask{1} << (Inner::size - 1);
-    if constexpr ((result_mask<Inner, L> & own_bit) != 0)
-    {
+    if constexpr ((result_mask<Inner, L> & own_bit) != 0) {
       (void)sizeof(out_axes_none_but_result_varies_along_axis<typename Binding::axis_type, Leaf>);
       static_assert(always_false<typename Binding::axis_type>, "namedax: out_axes is namedax::none for a result that varies along the map's axis; "
                                      "reduce it (psum, pmax, ...) first, or give it an out_axes position to stack it");
@@ -357,8 +392,8 @@ auto each_output(const OutAxes& out_axes, Output&& output) {
 }
 
 /// vmap: one call, the axis a trailing vectorized dim of every value.
-template <class Binding, class Call, class OutAxes>
-auto run_vectorized(const Call& call, const OutAxes& out_axes) {
+template <class Binding, class Call, class OutAxes, class Dest>
+auto run_vectorized(const Call& call, const OutAxes& out_axes, Dest& dest) {
   using Outer = typename Call::outer_env;
   using Inner = typename Call::inner_env;
   constexpr std::string_view name = Binding::axis_type::name;
@@ -374,23 +409,24 @@ auto run_vectorized(const Call& call, const OutAxes& out_axes) {
     // The payload's last dim is the mapped axis (size 1 where the value does not vary, and
     // then broadcast): evaluated once, straight into the output's layout.
     const auto& payload = named_leaf.payload();
-    std::vector<std::size_t> shape(payload.shape().begin(), payload.shape().end());
+    dims_t shape(payload.shape().begin(), payload.shape().end());
     shape.pop_back();
-    xt::xarray<T> out;
+    output_memory<T> out;
+    strides_t strides;
     if constexpr (std::is_same_v<decltype(entry), none_t>) {
-      out = uninitialized_array<T>(shape);
-      auto strides = row_major_strides(shape);
-      shape.push_back(1);
+      out = output_memory_for<T, K>(shape, dest);
+      strides = out.strides;
       strides.push_back(0);
-      evaluate_into<T>(payload, shape, out.data(), strides);
     } else {
-      stacked_layout l = stack_layout(call.verb(), name, shape, n, entry, Outer::vectorized_count, K);
-      shape.push_back(n);
-      l.slab_strides.push_back(l.slot_step);
-      out = uninitialized_array<T>(l.shape);
-      evaluate_into<T>(payload, shape, out.data(), l.slab_strides);
+      const stacked_layout l = stack_layout(call.verb(), name, shape, n, entry, Outer::vectorized_count, K);
+      out = output_memory_for<T, K>(l.shape, dest);
+      auto [slab_strides, step] = out.slots(l.slot);
+      strides = std::move(slab_strides);
+      strides.push_back(step);
     }
-    return stacked_result<Outer, decltype(named_leaf)::varying>(std::move(out));
+    shape.push_back(std::is_same_v<decltype(entry), none_t> ? 1 : n);
+    evaluate_into<T>(payload, shape, out.data, strides);
+    return map_result<Outer, decltype(named_leaf)::varying, Dest>(std::move(out));
   });
 }
 
@@ -410,10 +446,27 @@ auto evaluate_leaves(const Result& r) {
       tree_leaves(r));
 }
 
+/// A result leaf's output from its slabs (one per index; one alone for out_axes none), each
+/// ending with the `outer_vectorized` dims of the environment around the map.
+template <class T, std::size_t K, class Entry, class Dest>
+output_memory<T> write_output(std::string_view verb, std::string_view name, const std::vector<strided_block<T>>& slabs,
+                              Entry entry, std::size_t outer_vectorized, Dest& dest) {
+  if constexpr (std::is_same_v<Entry, none_t>) {
+    output_memory<T> out = output_memory_for<T, K>(slabs.front().shape, dest);
+    copy_strided(slabs.front(), out.data, out.strides);
+    return out;
+  } else {
+    const stacked_layout l = stack_layout(verb, name, slabs.front().shape, slabs.size(), entry, outer_vectorized, K);
+    output_memory<T> out = output_memory_for<T, K>(l.shape, dest);
+    stack_slabs(slabs, out, l.slot);
+    return out;
+  }
+}
+
 /// pmap: one device thread per index, each with its own call; the results stacked from every
 /// device's (or, for out_axes none, device 0's) memory.
-template <class Binding, class Call, class OutAxes>
-auto run_on_devices(const Call& call, const OutAxes& out_axes) {
+template <class Binding, class Call, class OutAxes, class Dest>
+auto run_on_devices(const Call& call, const OutAxes& out_axes, Dest& dest) {
   using Outer = typename Call::outer_env;
   using Inner = typename Call::inner_env;
   using result_type = decltype(call(0));
@@ -426,18 +479,15 @@ auto run_on_devices(const Call& call, const OutAxes& out_axes) {
     check_unstacked<Binding, Inner, K, decltype(entry), L>();
     constexpr axis_mask varying = result_mask<Inner, L>;
     using T = typename std::remove_cvref_t<decltype(std::get<K>(*results[0]))>::value_type;
-    if constexpr (std::is_same_v<decltype(entry), none_t>) {
-      return stacked_result<Outer, varying>(evaluate(std::get<K>(*results[0])));
-    } else {
-      std::vector<strided_block<T>> slabs;
-      for (std::size_t d = 0; d < n; ++d) {
-        slabs.push_back(block_of(std::get<K>(*results[d])));
-        if (slabs.back().shape != slabs.front().shape)
-          fail("namedax::", call.verb(), "<\"", name, "\">: devices returned values of different shapes for result ",
-               K, ": device 0 returned ", slabs.front().shape, ", device ", d, " returned ", slabs.back().shape);
-      }
-      return stacked_result<Outer, varying>(stack_slabs<T>(call.verb(), name, slabs, entry, Outer::vectorized_count, K));
+    std::vector<strided_block<T>> slabs;
+    for (std::size_t d = 0; d < (std::is_same_v<decltype(entry), none_t> ? 1 : n); ++d) {
+      slabs.push_back(block_of(std::get<K>(*results[d])));
+      if (slabs.back().shape != slabs.front().shape)
+        fail("namedax::", call.verb(), "<\"", name, "\">: devices returned values of different shapes for result ", K,
+             ": device 0 returned ", slabs.front().shape, ", device ", d, " returned ", slabs.back().shape);
     }
+    return map_result<Outer, varying, Dest>(
+        write_output<T, K>(call.verb(), name, slabs, entry, Outer::vectorized_count, dest));
   });
 }
 
@@ -459,8 +509,8 @@ std::string describe_out_axes(const OutAxes& out_axes) {
 
 /// mpi::pmap: this process is one index of the axis (of the process grid `grid`); the results
 /// of the others arrive by allgather.
-template <class Binding, class Call, class OutAxes>
-auto run_on_processes(const Call& call, const OutAxes& out_axes, process_grid& processes) {
+template <class Binding, class Call, class OutAxes, class Dest>
+auto run_on_processes(const Call& call, const OutAxes& out_axes, process_grid& processes, Dest& dest) {
   using Outer = typename Call::outer_env;
   using Inner = typename Call::inner_env;
   using result_type = decltype(call(0));
@@ -498,33 +548,79 @@ auto run_on_processes(const Call& call, const OutAxes& out_axes, process_grid& p
     constexpr axis_mask varying = result_mask<Inner, L>;
     const auto mine_block = block_of(std::get<K>(*mine));
     using T = std::remove_cvref_t<decltype(*mine_block.data)>;
-    if constexpr (std::is_same_v<decltype(entry), none_t>) {
-      return stacked_result<Outer, varying>(evaluate(std::get<K>(*mine)));
-    } else {
-      if (call.own_slices())
-        return stacked_result<Outer, varying>(stack_slabs<T>(call.verb(), name, {mine_block}, entry, Outer::vectorized_count, K));
+    std::vector<strided_block<T>> slabs{mine_block};
+    xt::xarray<T> all;  // every process's leaf, gathered
+    if (!std::is_same_v<decltype(entry), none_t> && !call.own_slices()) {
       const std::size_t elements = element_count(mine_block.shape);
-      auto all = uninitialized_array<T>(std::array{n * elements});
+      all = uninitialized_array<T>(std::array{n * elements});
       channel.allgather(mine_block.data, all.data(), elements * sizeof(T));
-      std::vector<strided_block<T>> slabs(n, {all.data(), mine_block.shape, row_major_strides(mine_block.shape)});
+      slabs.assign(n, {all.data(), mine_block.shape, row_major_strides(mine_block.shape)});
       for (std::size_t d = 0; d < n; ++d) slabs[d].data += d * elements;
-      return stacked_result<Outer, varying>(stack_slabs<T>(call.verb(), name, slabs, entry, Outer::vectorized_count, K));
     }
+    return map_result<Outer, varying, Dest>(
+        write_output<T, K>(call.verb(), name, slabs, entry, Outer::vectorized_count, dest));
   });
 }
 
 /// Runs a map. `OnProcesses`: a process map (namedax::mpi::pmap), which splits the process
-/// grid `processes` (null for vmap and pmap).
-template <class Binding, bool OnProcesses = false, class F, class InAxes, class OutAxes, class... Args>
-auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, const OutAxes& out_axes, std::size_t axis_size,
-              process_grid* processes, const Args&... args) {
+/// grid `processes` (null for vmap and pmap). `dest`: the caller's arrays for the results, or
+/// no_destination.
+template <class Binding, bool OnProcesses = false, class F, class InAxes, class OutAxes, class Dest, class... Args>
+auto run_map(std::string_view verb, const F& f, const InAxes& in_axes, const OutAxes& out_axes, std::size_t axis_size,
+             process_grid* processes, Dest& dest, const Args&... args) {
   // in_axes is a prefix of the argument list: one entry for all, or one per argument.
   auto entries = spread_prefix<std::tuple<Args...>>(in_axes);
   map_call<Binding, F, decltype(entries), Args...> call(verb, f, entries, axis_size, processes, args...);
-  if constexpr (Binding::place == placement::vectorized) return run_vectorized<Binding>(call, out_axes);
-  else if constexpr (OnProcesses) return run_on_processes<Binding>(call, out_axes, *processes);
-  else return run_on_devices<Binding>(call, out_axes);
+  if constexpr (!std::is_same_v<Dest, no_destination>) {
+    static_assert(map_call<Binding, F, decltype(entries), Args...>::outer_env::size == 0,
+                  "namedax: into writes a map's results into arrays at the top level, outside every map");
+    static_assert(leaf_count<Dest>() == leaf_count<decltype(call(0))>(),
+                  "namedax: into takes one output array per result leaf, in a pytree shaped as the result (std::tie "
+                  "of arrays for a tuple of results)");
+  }
+  if constexpr (Binding::place == placement::vectorized) return run_vectorized<Binding>(call, out_axes, dest);
+  else if constexpr (OnProcesses) return run_on_processes<Binding>(call, out_axes, *processes, dest);
+  else return run_on_devices<Binding>(call, out_axes, dest);
 }
+
+template <class Binding, bool OnProcesses = false, class F, class InAxes, class OutAxes, class... Args>
+auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, const OutAxes& out_axes, std::size_t axis_size,
+              process_grid* processes, const Args&... args) {
+  no_destination fresh;
+  return run_map<Binding, OnProcesses>(verb, f, in_axes, out_axes, axis_size, processes, fresh, args...);
+}
+
+/// A map (vmap or pmap) as an object: called, it returns its results in fresh arrays;
+/// `into(outputs)` gives the same map writing them into the caller's arrays.
+template <class Binding, class F, class InAxes, class OutAxes>
+class mapped_function {
+ public:
+  mapped_function(std::string_view verb, F f, InAxes in_axes, OutAxes out_axes, std::size_t axis_size)
+      : verb_(verb), f_(std::move(f)), in_axes_(std::move(in_axes)), out_axes_(std::move(out_axes)), axis_size_(axis_size) {}
+
+  template <class... Args>
+  auto operator()(const Args&... args) const {
+    return call_map<Binding>(verb_, f_, in_axes_, out_axes_, axis_size_, nullptr, args...);
+  }
+
+  /// The map writing each result leaf into the matching array of `outputs` (one array, or a
+  /// pytree of references such as std::tie(a, b)), resized only when its shape differs, so
+  /// that a map called in a loop reuses its output memory. Returns `outputs`.
+  template <class Outputs>
+  auto into(Outputs&& outputs) const {
+    return [this, &outputs](const auto&... args) -> Outputs& {
+      (void)run_map<Binding>(verb_, f_, in_axes_, out_axes_, axis_size_, nullptr, outputs, args...);
+      return outputs;
+    };
+  }
+
+ private:
+  std::string_view verb_;
+  F f_;
+  InAxes in_axes_;
+  OutAxes out_axes_;
+  std::size_t axis_size_;
+};
 
 }  // namespace detail
 }  // namespace namedax
