@@ -2,7 +2,7 @@
 # Installs the Debian packages namedax needs, when some are missing (as root, with apt-get).
 # OpenMPI is for the MPI backend's tests, example and benchmarks; the library builds without it.
 set -euo pipefail
-packages=(cmake make g++ clang pkgconf libxtensor-dev xtl-dev libxsimd-dev libboost-dev libtbb-dev doctest-dev
+packages=(cmake make g++ clang pkgconf libxtensor-dev xtl-dev libxsimd-dev libboost-dev libtbb-dev libopenblas-dev doctest-dev
           libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do

@@ -1073,7 +1073,8 @@ struct pdot_fn {
     auto bx = detail::block_in_memory<TX>(px, x_storage);
     auto by = detail::block_in_memory<TY>(py, y_storage);
     auto local = detail::dot_general<R>(name, bx, bx.shape.size() - Env::vectorized_count, by,
-                                        by.shape.size() - Env::vectorized_count, pos_contract, pos_batch);
+                                        by.shape.size() - Env::vectorized_count, pos_contract, pos_batch,
+                                        Env::device_mask != 0);
     constexpr axis_mask varying = detail::mask_of<X>() | detail::mask_of<Y>();
     auto product = detail::make_named<detail::shared_array<R>, Env, varying>(detail::share_array<R>(std::move(local)));
     return psum(product, axes);

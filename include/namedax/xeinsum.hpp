@@ -118,7 +118,8 @@ struct xeinsum_fn {
     std::array<detail::strided_block<R>, sizeof...(Xs)> blocks{
         detail::block_in_memory<R>(std::get<K>(payloads), storage[K])...};
     std::array<std::string_view, sizeof...(Xs)> subscripts{spec::template subscripts<K>...};
-    auto product = detail::einsum_product<R>(name, blocks, subscripts, spec::output_subscripts, Env::vectorized_count);
+    auto product = detail::einsum_product<R>(name, blocks, subscripts, spec::output_subscripts, Env::vectorized_count,
+                                             Env::device_mask != 0);
     constexpr axis_mask varying = (detail::mask_of<decltype(std::get<K>(reduced))>() | ... | 0);
     auto z = detail::make_named<detail::shared_array<R>, Env, varying>(detail::share_array<R>(std::move(product)));
     return detail::psum_over<contracted>(z);

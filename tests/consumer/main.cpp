@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// A program built against an installed namedax: x / psum(x) under vmap and under pmap.
+// A program built against an installed namedax: x / psum(x) and a matmul under vmap and pmap.
 #include <namedax/namedax.hpp>
 
 #include <xtensor/xio.hpp>
@@ -19,6 +19,14 @@ int main() {
     std::cerr << "namedax consumer: expected " << expected << ", vmap gave " << a << ", pmap gave " << b << "\n";
     return 1;
   }
-  std::cout << "namedax consumer: vmap and pmap psum agree\n";
+  // A matmul goes through OpenBLAS, which the installed package config links.
+  auto matmul = [](auto x, auto w) { return namedax::xeinsum<"ij,jk->ik">(x, w); };
+  xt::xarray<float> x = {{{1.f, 2.f}, {3.f, 4.f}}}, w = {{{1.f, 0.f}, {1.f, 1.f}}};
+  const xt::xarray<float> product = {{{3.f, 2.f}, {7.f, 4.f}}};
+  if (namedax::vmap<"i">(matmul)(x, w) != product || namedax::pmap<"i">(matmul)(x, w) != product) {
+    std::cerr << "namedax consumer: xeinsum's matmul differs from " << product << "\n";
+    return 1;
+  }
+  std::cout << "namedax consumer: vmap and pmap psum agree, and so do their matmuls\n";
   return 0;
 }

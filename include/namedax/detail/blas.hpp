@@ -1,0 +1,234 @@
+// SPDX-License-Identifier: MIT
+// Contractions that are matrix products, through OpenBLAS's gemm: the dims of a contraction
+// grouped into batch / left (M) / contracted (K) / right (N), one gemm per batch item.
+#pragma once
+// IWYU pragma: private
+
+#include <namedax/detail/kernels.hpp>
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+namespace namedax::detail {
+
+/// The element types that go through gemm; every other type keeps the element loops.
+template <class T>
+concept GemmScalar = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+/// One dim of a contraction: its size and its strides in x, y and the output (0 where the
+/// operand lacks it; the output's is 0 for a contracted dim).
+struct gemm_dim {
+  std::size_t size;
+  std::ptrdiff_t x, y, out;
+};
+
+/// A contraction as gemm sees it. Each group is flattened row-major in the order given:
+/// that order is part of the summation order, so every placement must give the same one.
+struct gemm_problem {
+  std::vector<gemm_dim> batch;       // in x, y (stride 0 where broadcast) and out: a loop of gemms
+  std::vector<gemm_dim> left;        // in x and out: gemm's M
+  std::vector<gemm_dim> right;       // in y and out: gemm's N
+  std::vector<gemm_dim> contracted;  // in x and y: gemm's K
+};
+
+// OpenBLAS keeps one thread count for the whole process. A pmap already runs one device per
+// thread, so gemms on device threads run on one thread each: the first device gemm to start
+// sets OpenBLAS to 1 thread and the last to finish restores the count it found.
+class blas_device_threads {
+ public:
+  blas_device_threads() {
+    std::lock_guard lock(state().mutex);
+    if (state().active++ == 0) {
+      state().saved = openblas_get_num_threads();
+      openblas_set_num_threads(1);
+    }
+  }
+  ~blas_device_threads() {
+    std::lock_guard lock(state().mutex);
+    if (--state().active == 0) openblas_set_num_threads(state().saved);
+  }
+  blas_device_threads(const blas_device_threads&) = delete;
+  blas_device_threads& operator=(const blas_device_threads&) = delete;
+
+ private:
+  struct shared {
+    std::mutex mutex;
+    int active = 0;
+    int saved = 1;
+  };
+  static shared& state() {
+    static shared s;
+    return s;
+  }
+};
+
+inline std::size_t group_size(std::span<const gemm_dim> dims) {
+  std::size_t n = 1;
+  for (const auto& d : dims) n *= d.size;
+  return n;
+}
+
+/// The stride of the group flattened row-major, when one stride walks it; 0 for a group of
+/// size-1 dims; -1 when the group is not one strided line.
+template <std::ptrdiff_t gemm_dim::*Stride>
+std::ptrdiff_t merged_stride(std::span<const gemm_dim> dims) {
+  bool first = true;
+  std::ptrdiff_t inner = 0, next = 0;  // the line's stride, and the one the next dim out must have
+  for (std::size_t k = dims.size(); k-- > 0;) {
+    if (dims[k].size == 1) continue;
+    const std::ptrdiff_t s = dims[k].*Stride;
+    if (first) inner = s, first = false;
+    else if (s != next) return -1;
+    next = s * static_cast<std::ptrdiff_t>(dims[k].size);
+  }
+  return inner;
+}
+
+/// The smallest |stride| of the group's dims of size > 1 (the dim read fastest).
+template <std::ptrdiff_t gemm_dim::*Stride>
+std::ptrdiff_t inner_stride(std::span<const gemm_dim> dims) {
+  std::ptrdiff_t best = PTRDIFF_MAX;
+  for (const auto& d : dims)
+    if (d.size > 1) best = std::min(best, d.*Stride < 0 ? -(d.*Stride) : d.*Stride);
+  return best;
+}
+
+/// How gemm reads one operand (rows x cols): transposed or not, in place with a leading
+/// dimension, or packed into a buffer of that layout first.
+struct gemm_operand {
+  bool trans = false;
+  bool in_place = false;
+  std::size_t ld = 1;
+};
+
+// The layout depends only on the sizes and on which group is read fastest, never on where the
+// operand's memory sits, so that a vmap (strides times n) and a pmap device choose the same
+// transpose flags and so the same gemm.
+template <std::ptrdiff_t gemm_dim::*Stride>
+gemm_operand choose_layout(std::span<const gemm_dim> rows, std::span<const gemm_dim> cols) {
+  const std::size_t r = group_size(rows), c = group_size(cols);
+  gemm_operand op;
+  op.trans = r > 1 && c > 1 && inner_stride<Stride>(rows) < inner_stride<Stride>(cols);
+  const std::ptrdiff_t sr = merged_stride<Stride>(rows), sc = merged_stride<Stride>(cols);
+  const std::ptrdiff_t unit = op.trans ? sr : sc, lead = op.trans ? sc : sr;
+  const std::size_t minor = op.trans ? r : c, major = op.trans ? c : r;
+  op.ld = std::max<std::size_t>(minor, 1);
+  if ((unit == 1 || minor <= 1) && (major <= 1 || (lead >= static_cast<std::ptrdiff_t>(op.ld) && lead <= INT_MAX)))
+    op.in_place = true, op.ld = major <= 1 ? op.ld : static_cast<std::size_t>(lead);
+  return op;
+}
+
+/// The strides, for copy_strided, that store rows x cols in `op`'s layout, packed.
+template <std::ptrdiff_t gemm_dim::*Stride>
+void packed_strides(std::span<const gemm_dim> rows, std::span<const gemm_dim> cols, bool trans,
+                                   strides_t& in_strides, dims_t& shape, strides_t& out_strides) {
+  const std::size_t r = group_size(rows), c = group_size(cols);
+  auto add = [&](std::span<const gemm_dim> dims, std::ptrdiff_t scale) {
+    std::ptrdiff_t s = scale;
+    const std::size_t first = shape.size();
+    for (const auto& d : dims) shape.push_back(d.size), in_strides.push_back(d.size == 1 ? 0 : d.*Stride);
+    out_strides.resize(shape.size());
+    for (std::size_t k = shape.size(); k-- > first;)
+      out_strides[k] = shape[k] == 1 ? 0 : s, s *= static_cast<std::ptrdiff_t>(shape[k]);
+  };
+  add(rows, trans ? 1 : static_cast<std::ptrdiff_t>(c));
+  add(cols, trans ? static_cast<std::ptrdiff_t>(r) : 1);
+}
+
+template <GemmScalar T>
+void gemm_call(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b,
+               std::size_t ldb, T* c, std::size_t ldc) {
+  const auto i = [](std::size_t v) { return static_cast<int>(v); };
+  const auto t = [](bool trans) { return trans ? CblasTrans : CblasNoTrans; };
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, t(ta), t(tb), i(m), i(n), i(k), 1.0f, a, i(lda), b, i(ldb), 0.0f, c, i(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, t(ta), t(tb), i(m), i(n), i(k), 1.0, a, i(lda), b, i(ldb), 0.0, c, i(ldc));
+}
+
+/// An operand of one gemm: where it is read from, packing it first when its layout needs it.
+template <GemmScalar T, std::ptrdiff_t gemm_dim::*Stride>
+class gemm_input {
+ public:
+  gemm_input(std::span<const gemm_dim> rows, std::span<const gemm_dim> cols)
+      : layout_(choose_layout<Stride>(rows, cols)) {
+    if (!layout_.in_place) {
+      packed_strides<Stride>(rows, cols, layout_.trans, in_strides_, shape_, out_strides_);
+      buffer_.resize(group_size(rows) * group_size(cols));
+    }
+  }
+  const T* at(const T* base) {
+    if (layout_.in_place) return base;
+    copy_strided(strided_block<T>{base, shape_, in_strides_}, buffer_.data(), out_strides_);
+    return buffer_.data();
+  }
+  [[nodiscard]] bool trans() const { return layout_.trans; }
+  [[nodiscard]] std::size_t ld() const { return layout_.ld; }
+
+ private:
+  gemm_operand layout_;
+  dims_t shape_;
+  strides_t in_strides_, out_strides_;
+  std::vector<T> buffer_;
+};
+
+/// Whether gemm can take the problem: the sizes fit BLAS's int.
+inline bool gemm_fits(const gemm_problem& p) {
+  for (std::size_t n : {group_size(p.left), group_size(p.right), group_size(p.contracted)})
+    if (n > static_cast<std::size_t>(INT_MAX)) return false;
+  return true;
+}
+
+/// out = the contraction of x and y, one gemm per batch item with the same M, N, K and
+/// transpose flags wherever the item comes from (a vmap's slice or a pmap device's payload).
+/// `out` is the row-major output of `out_size` elements; `on_device`: called on a device thread.
+template <GemmScalar T>
+void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::size_t out_size, bool on_device) {
+  const std::size_t m = group_size(p.left), n = group_size(p.right), k = group_size(p.contracted);
+  const std::size_t items = group_size(p.batch);
+  if (out_size == 0) return;
+  if (k == 0) {  // an empty sum
+    std::fill_n(out, out_size, T{});
+    return;
+  }
+  gemm_input<T, &gemm_dim::x> a(p.left, p.contracted);
+  gemm_input<T, &gemm_dim::y> b(p.contracted, p.right);
+  // The output is fresh row-major memory: gemm writes it in place when its M x N block is
+  // row-major, else into a buffer that is then scattered.
+  const gemm_operand c = choose_layout<&gemm_dim::out>(p.left, p.right);
+  const bool c_in_place = c.in_place && !c.trans;
+  std::vector<T> c_buffer(c_in_place ? 0 : m * n);
+  dims_t c_shape;
+  strides_t c_strides, c_out_strides;
+  if (!c_in_place)
+    packed_strides<&gemm_dim::out>(p.left, p.right, false, c_out_strides, c_shape, c_strides);
+
+  std::optional<blas_device_threads> one_thread;
+  if (on_device) one_thread.emplace();
+  std::vector<std::size_t> index(p.batch.size(), 0);
+  for (std::size_t item = 0; item < items; ++item) {
+    std::ptrdiff_t ox = 0, oy = 0, oo = 0;
+    for (std::size_t d = 0; d < p.batch.size(); ++d) {
+      const auto i = static_cast<std::ptrdiff_t>(index[d]);
+      ox += i * p.batch[d].x, oy += i * p.batch[d].y, oo += i * p.batch[d].out;
+    }
+    T* target = c_in_place ? out + oo : c_buffer.data();
+    gemm_call<T>(a.trans(), b.trans(), m, n, k, a.at(x + ox), a.ld(), b.at(y + oy), b.ld(), target,
+                 c_in_place ? c.ld : std::max<std::size_t>(n, 1));
+    if (!c_in_place) copy_strided(strided_block<T>{c_buffer.data(), c_shape, c_strides}, out + oo, c_out_strides);
+    for (std::size_t d = p.batch.size(); d-- > 0;) {  // the next batch index, row-major
+      if (++index[d] < p.batch[d].size) break;
+      index[d] = 0;
+    }
+  }
+}
+
+}  // namespace namedax::detail
