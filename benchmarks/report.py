@@ -171,6 +171,13 @@ def main():
     n, b = (r["devices"], r["bytes"]) if r else (0, 0)
     target(f"vmap_all_to_all {human(b)}: hand block copies time / namedax time",
            ratio(t("hand_loop", "vmap_all_to_all", n, b), t("namedax", "vmap_all_to_all", n, b)), 0.8)
+    # The same three with the output preallocated by the caller (map.into(out)), as the hand
+    # loop's is.
+    for c in ("vmap_normalize_first", "vmap_normalize_last", "vmap_all_to_all"):
+        r = next((x for x in rows if x["collective"] == c and x["impl"] == "namedax_into"), None)
+        n, b = (r["devices"], r["bytes"]) if r else (0, 0)
+        target(f"{c} {human(b)} into a preallocated output: hand loop time / namedax time",
+               ratio(t("hand_loop", c, n, b), t("namedax_into", c, n, b)), 0.8)
     targets.append({"target": "a second call of the same device collective performs no heap allocation",
                     "ratio": None, "threshold": None, "comparison": "",
                     "status": "met (asserted by tests/test_memory.cpp: 0 allocations per call)", "note": ""})

@@ -4,8 +4,9 @@
 // allocation, which is what a function returning a new array pays), xtensor's own operation
 // written the way a user would, and the memory-traffic bound (bytes read and written, at the
 // speed of a one-thread in-process copy). Cases: psum and pmax with the named axis first and
-// last, x / psum(x, "i"_ax) with the axis first and last, and all_to_all. Prints one line per
-// case and writes the raw CSV that benchmarks/report.py reads.
+// last, x / psum(x, "i"_ax) with the axis first and last, and all_to_all (these three also
+// written into a preallocated output with map.into(out), as the hand loop is). Prints one line
+// per case and writes the raw CSV that benchmarks/report.py reads.
 //
 //   vectorized_collectives --mib 64 --axis 16 --out vectorized.csv
 #include "bench_common.hpp"
@@ -27,11 +28,17 @@ volatile float sink;
 
 struct result {
   double namedax, hand, hand_fresh, xtensor, bound;
+  double into = 0;  // the map writing into a preallocated output (map.into(out)), where measured
 };
 
 void print(bench::csv_file& csv, const std::string& name, std::size_t n, std::size_t bytes, const result& r) {
   std::printf("%-22s %10.2f ms %14.2f %14.2f %14.2f %14.2f\n", name.c_str(), r.namedax * 1e3, r.hand / r.namedax,
               r.hand_fresh / r.namedax, r.xtensor / r.namedax, r.bound / r.namedax);
+  if (r.into > 0) {
+    std::printf("%-22s %10.2f ms %14.2f %14.2f %14.2f %14.2f\n", (name + " into").c_str(), r.into * 1e3,
+                r.hand / r.into, r.hand_fresh / r.into, r.xtensor / r.into, r.bound / r.into);
+    csv.row("namedax_into", name, n, bytes, bytes, r.into);
+  }
   csv.row("namedax", name, n, bytes, bytes, r.namedax);
   csv.row("hand_loop", name, n, bytes, bytes, r.hand);
   csv.row("hand_loop_fresh", name, n, bytes, bytes, r.hand_fresh);
@@ -115,6 +122,12 @@ result normalize_case(std::size_t n, std::size_t m, bool axis_first, double copy
     auto y = namedax::vmap<"i">(f, in_axis, in_axis)(x);
     sink = y.data()[0];
   }, bytes);
+  const auto map = namedax::vmap<"i">(f, in_axis, in_axis);
+  xt::xarray<float> y;
+  r.into = bench::best_time([&] {
+    map.into(y)(x);
+    sink = y.data()[0];
+  }, bytes);
   std::vector<float> sums(m), out(n * m);
   auto two_pass = [&](float* dst) {
     reduce_by_hand<false>(x.data(), sums.data(), n, m, axis_first);
@@ -155,6 +168,12 @@ result all_to_all_case(std::size_t n, std::size_t m, double copy_bw) {
   result r{};
   r.namedax = bench::best_time([&] {
     auto y = namedax::vmap<"i">(f)(x);
+    sink = y.data()[0];
+  }, bytes);
+  const auto map = namedax::vmap<"i">(f);
+  xt::xarray<float> y;
+  r.into = bench::best_time([&] {
+    map.into(y)(x);
     sink = y.data()[0];
   }, bytes);
   std::vector<float> out(n * n * b);
