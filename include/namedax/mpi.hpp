@@ -142,6 +142,28 @@ class channel final : public process_channel {
     check(MPI_Ialltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_, &request), "MPI_Alltoall");
     finish(&request, 1, "MPI_Alltoall");
   }
+  void alltoallv(const void* in, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_at,
+                 void* out, std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_at) override {
+    auto ints = [](std::span<const std::size_t> v) {
+      std::vector<int> n;
+      for (std::size_t x : v) n.push_back(count_of(x, "MPI_Alltoallv"));
+      return n;
+    };
+    // MPI reads the counts until the call completes: a call left pending keeps them.
+    auto counts = std::make_shared<std::array<std::vector<int>, 4>>(
+        std::array{ints(send_bytes), ints(send_at), ints(recv_bytes), ints(recv_at)});
+    auto& [sc, sd, rc, rd] = *counts;
+    MPI_Request request;
+    check(MPI_Ialltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_, &request),
+          "MPI_Alltoallv");
+    try {
+      finish(&request, 1, "MPI_Alltoallv");
+    } catch (...) {
+      static std::vector<std::shared_ptr<void>> kept;  // only one thread of a process calls MPI
+      kept.push_back(counts);
+      throw;
+    }
+  }
   void sendrecv(const void* in, long to, void* out, long from, std::size_t bytes) override {
     const int n = count_of(bytes, "MPI_Sendrecv");
     MPI_Request requests[2];

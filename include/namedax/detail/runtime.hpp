@@ -55,6 +55,10 @@ struct process_channel {
   virtual void allreduce(const void* in, void* out, std::size_t count, element_kind, fold_kind) = 0;
   virtual void reduce_scatter(const void* in, void* out, std::size_t count_each, element_kind, fold_kind) = 0;
   virtual void alltoall(const void* in, void* out, std::size_t bytes_each) = 0;
+  /// Sends `send_bytes[k]` bytes at `in + send_at[k]` to rank k and receives `recv_bytes[k]`
+  /// bytes from rank k at `out + recv_at[k]` (MPI_Alltoallv); `out` elsewhere is untouched.
+  virtual void alltoallv(const void* in, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_at,
+                         void* out, std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_at) = 0;
   /// Copies `bytes` at `data` of rank `root` into `data` of every other rank.
   virtual void broadcast(void* data, std::size_t bytes, std::size_t root) = 0;
   /// Sends `bytes` to rank `to` and receives them from rank `from` (-1: none).

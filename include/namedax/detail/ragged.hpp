@@ -1,0 +1,292 @@
+// SPDX-License-Identifier: MIT
+// ragged_all_to_all's rule, both modes: every member's offsets and sizes are read first (one
+// exchange of small integers), checked all together so that every index reports the same
+// mistake, then each receiver copies the rows its peers send into a copy of its own output.
+// Over process axes alone the rows travel by one MPI_Alltoallv instead.
+// IWYU pragma: private
+#pragma once
+
+#include <namedax/collectives.hpp>
+#include <namedax/detail/all_gather.hpp>
+#include <namedax/detail/process_rules.hpp>
+#include <namedax/detail/structure.hpp>
+#include <namedax/named_array.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace namedax::detail {
+
+/// The four integer arrays of ragged_all_to_all, in the order of its signature.
+inline constexpr std::string_view ragged_fields[] = {"input_offsets", "send_sizes", "output_offsets", "recv_sizes"};
+
+/// Every member's four arrays, read once: at(m, field, peer position, batch element), where
+/// the batch elements are the payload's vectorized dims other than the collective's axes.
+struct ragged_table {
+  std::size_t members = 0, peers = 0, batch = 1;
+  std::vector<std::int64_t> values;
+  [[nodiscard]] std::int64_t at(std::size_t m, std::size_t field, std::size_t peer, std::size_t b) const {
+    return values[((m * 4 + field) * peers + peer) * batch + b];
+  }
+};
+
+/// Reads the packed arrays `ints` ([4, peers, vectorized dims...], full along the vectorized
+/// collective axes) of every member through one exchange.
+inline ragged_table read_ragged_table(std::string_view verb, strided_block<std::int64_t> ints,
+                                      std::span<const named_axis> axes, const std::optional<groups_t>& groups,
+                                      std::string_view options, group_layout& layout) {
+  collective_frame<std::int64_t> frame(verb, std::move(ints), 2, axes, groups, true, options);
+  layout = frame.groups();
+  ragged_table t;
+  t.members = frame.total();
+  t.peers = frame.in_shape()[1];
+  if (t.members == 0) {
+    frame.release();
+    return t;
+  }
+  const auto first = frame.member(0);
+  const dims_t trailing(first.shape.begin() + 2, first.shape.end());
+  t.batch = element_count(trailing);
+  t.values.resize(t.members * 4 * t.peers * t.batch);
+  for (std::size_t m = 0; m < t.members; ++m) {
+    const auto block = frame.member(m);
+    std::size_t b = 0;
+    for_each_index(trailing, [&](std::span<const std::size_t> v) {
+      const std::ptrdiff_t o = trailing_offset(v, block.strides, 2);
+      for (std::size_t f = 0; f < 4; ++f)
+        for (std::size_t p = 0; p < t.peers; ++p)
+          t.values[((m * 4 + f) * t.peers + p) * t.batch + b] =
+              block.data[o + static_cast<std::ptrdiff_t>(f) * block.strides[0] + static_cast<std::ptrdiff_t>(p) * block.strides[1]];
+      ++b;
+    });
+  }
+  frame.release();
+  return t;
+}
+
+/// The first inconsistency in the table, in the user's words; empty when there is none. Every
+/// index computes it from the same table, so every index reports the same one.
+inline std::string ragged_mistake(std::string_view verb, const ragged_table& t, const group_layout& layout,
+                                  std::span<const named_axis> axes, std::size_t operand_rows, std::size_t output_rows) {
+  const std::string where = message("namedax::", verb, " over axis ", describe_axes(axes));
+  const std::size_t g = layout.members.empty() ? 0 : layout.members.front().size();
+  if (t.members != 0 && t.peers != g)
+    return message(where, ": the offsets and sizes have ", t.peers, " entries, but the ", g,
+                   " indices of a group need one entry per peer; give arrays of length ", g);
+  for (const auto& group : layout.members)
+    for (std::size_t ps = 0; ps < group.size(); ++ps)
+      for (std::size_t pr = 0; pr < group.size(); ++pr)
+        for (std::size_t b = 0; b < t.batch; ++b) {
+          const std::size_t s = group[ps], r = group[pr];
+          const std::int64_t in = t.at(s, 0, pr, b), size = t.at(s, 1, pr, b), out = t.at(s, 2, pr, b),
+                             recv = t.at(r, 3, ps, b);
+          const std::string peer = message(where, ": index ", s, " sending to peer ", r,
+                                           t.batch > 1 ? message(" (batch element ", b, ")") : std::string());
+          if (size < 0 || in < 0 || out < 0 || recv < 0)
+            return message(peer, " has input_offsets ", in, ", send_sizes ", size, ", output_offsets ", out,
+                           " and the peer recv_sizes ", recv, "; offsets and sizes must be >= 0");
+          if (in + size > static_cast<std::int64_t>(operand_rows))
+            return message(peer, " sends rows ", in, "..", in + size, " (input_offsets ", in, ", send_sizes ", size,
+                           "), past the operand's ", operand_rows, " rows");
+          if (out + size > static_cast<std::int64_t>(output_rows))
+            return message(peer, " writes rows ", out, "..", out + size, " (output_offsets ", out, ", send_sizes ",
+                           size, "), past the output's ", output_rows, " rows");
+          if (recv != size)
+            return message(peer, " sends ", size, " rows but the peer's recv_sizes[", ps, "] is ", recv,
+                           "; recv_sizes[j] must be what index j sends");
+        }
+  return {};
+}
+
+/// The output rows of each member it receives, in sender order: a later sender's rows win
+/// where chunks overlap.
+template <class T>
+void write_received(const ragged_table& t, const group_layout& layout, std::size_t rank, std::size_t b,
+                    std::span<const std::size_t> batch_index, T* target, std::span<const std::ptrdiff_t> out_strides,
+                    std::size_t positional_rank, const auto& member_of) {
+  const std::size_t pr = layout.position_of[rank];
+  const auto& group = layout.members[layout.group_of[rank]];
+  for (std::size_t ps = 0; ps < group.size(); ++ps) {
+    const std::int64_t in = t.at(group[ps], 0, pr, b), size = t.at(group[ps], 1, pr, b), out = t.at(group[ps], 2, pr, b);
+    if (size == 0) continue;
+    strided_block<T> rows = member_of(group[ps]);
+    rows.data += trailing_offset(batch_index, rows.strides, positional_rank) + static_cast<std::ptrdiff_t>(in) * rows.strides[0];
+    rows.shape.resize(positional_rank), rows.strides.resize(positional_rank);
+    rows.shape[0] = static_cast<std::size_t>(size);
+    copy_strided(rows, target + static_cast<std::ptrdiff_t>(out) * out_strides[0], out_strides.first(positional_rank));
+  }
+}
+
+/// Whether the chunks some index receives overlap (then the later sender's rows win, which
+/// MPI_Alltoallv does not promise). The same answer on every index: the table is everyone's.
+inline bool ragged_chunks_overlap(const ragged_table& t, const group_layout& layout) {
+  for (const auto& group : layout.members)
+    for (std::size_t pr = 0; pr < group.size(); ++pr)
+      for (std::size_t b = 0; b < t.batch; ++b) {
+        std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
+        for (std::size_t s : group)
+          if (t.at(s, 1, pr, b) > 0) chunks.emplace_back(t.at(s, 2, pr, b), t.at(s, 2, pr, b) + t.at(s, 1, pr, b));
+        std::sort(chunks.begin(), chunks.end());
+        for (std::size_t k = 1; k < chunks.size(); ++k)
+          if (chunks[k].first < chunks[k - 1].second) return true;
+      }
+  return false;
+}
+
+/// Over process axes alone (one batch element, chunks apart): one MPI_Alltoallv from the
+/// operand straight into the output.
+template <class T>
+std::optional<xt::xarray<T>> ragged_across_processes(std::string_view verb, const strided_block<T>& operand,
+                                                     xt::xarray<T>& output, const ragged_table& t,
+                                                     const group_layout& layout, std::span<const named_axis> axes,
+                                                     const std::optional<groups_t>& groups) {
+  if (!placed_on_processes(axes) || t.batch != 1 || ragged_chunks_overlap(t, layout)) return std::nullopt;
+  auto call = whole_payloads<T>(verb, operand, axes, groups, true, "");
+  if (!call) return std::nullopt;
+  std::size_t me = 0;
+  for (const auto& ax : axes) me = me * ax.size + ax.index;
+  const auto& group = layout.members[layout.group_of[me]];
+  const std::size_t pr = layout.position_of[me];
+  std::size_t inner = 1;
+  for (std::size_t d = 1; d < operand.shape.size(); ++d) inner *= operand.shape[d];
+  const std::size_t row_bytes = inner * sizeof(T);
+  std::vector<std::size_t> send_bytes, send_at, recv_bytes, recv_at;
+  for (std::size_t p = 0; p < group.size(); ++p) {
+    send_bytes.push_back(static_cast<std::size_t>(t.at(me, 1, p, 0)) * row_bytes);
+    send_at.push_back(static_cast<std::size_t>(t.at(me, 0, p, 0)) * row_bytes);
+    recv_bytes.push_back(static_cast<std::size_t>(t.at(group[p], 1, pr, 0)) * row_bytes);
+    recv_at.push_back(static_cast<std::size_t>(t.at(group[p], 2, pr, 0)) * row_bytes);
+  }
+  call_keeping([&] { call->channel->alltoallv(call->in.data, send_bytes, send_at, output.data(), recv_bytes, recv_at); },
+               output, call->contiguous);
+  return std::move(output);
+}
+
+/// ragged_all_to_all on blocks in one environment: `operand` and `output` row-major with
+/// `positional_rank` positional dims and the same vectorized dims (full along the vectorized
+/// collective axes), `ints` the four arrays packed as [4, peers, those vectorized dims].
+/// `axes` must say that every operand varies along every axis.
+template <class T>
+xt::xarray<T> ragged_all_to_all_rule(std::string_view verb, strided_block<T> operand, xt::xarray<T> output,
+                                     strided_block<std::int64_t> ints, std::size_t positional_rank,
+                                     std::span<const named_axis> axes, const std::optional<groups_t>& groups) {
+  group_layout layout;
+  const std::string_view options = "";
+  const ragged_table table = read_ragged_table(verb, std::move(ints), axes, groups, options, layout);
+  if (auto mistake = ragged_mistake(verb, table, layout, axes, operand.shape[0], output.shape()[0]); !mistake.empty())
+    fail(mistake);
+  if (auto moved = ragged_across_processes<T>(verb, operand, output, table, layout, axes, groups))
+    return std::move(*moved);
+  collective_frame<T> frame(verb, std::move(operand), positional_rank, axes, groups, true, options);
+  const auto out_strides = row_major_strides(output.shape());
+  const dims_t batch_shape = [&] {
+    dims_t s(output.shape().begin() + static_cast<std::ptrdiff_t>(positional_rank), output.shape().end());
+    for (const auto& ax : axes)
+      if (ax.place == placement::vectorized) s[ax.slot] = 1;
+    return s;
+  }();
+  frame.for_each_owned(true, [&](std::size_t rank) {
+    T* base = output.data() + frame.vectorized_offset(rank, out_strides, positional_rank);
+    std::size_t b = 0;
+    for_each_index(batch_shape, [&](std::span<const std::size_t> v) {
+      write_received<T>(table, layout, rank, b++, v, base + trailing_offset(v, out_strides, positional_rank), out_strides,
+                        positional_rank, [&](std::size_t m) { return frame.member(m); });
+    });
+  });
+  frame.release();
+  return output;
+}
+
+/// An operand of ragged_all_to_all as an array in environment Env: positional dims, then
+/// Env's vectorized dims (size 1 where it does not vary, and for a plain value).
+template <class Env, class T, class Y>
+xt::xarray<T> ragged_payload(const Y& y) {
+  if constexpr (is_named<Y>) {
+    return evaluate<T>(payload_in<Env>(y));
+  } else {
+    xt::xarray<T> a = evaluate<T>(y);
+    dims_t shape(a.shape().begin(), a.shape().end());
+    shape.resize(shape.size() + Env::vectorized_count, 1);
+    a.reshape(shape);
+    return a;
+  }
+}
+
+/// `a` broadcast to positional dims `positional` and vectorized dims `trailing`, in memory.
+template <class T>
+xt::xarray<T> ragged_broadcast(const xt::xarray<T>& a, dims_t positional, const dims_t& trailing) {
+  positional.insert(positional.end(), trailing.begin(), trailing.end());
+  if (std::equal(positional.begin(), positional.end(), a.shape().begin(), a.shape().end())) return a;
+  return xt::xarray<T>(xt::broadcast(a, positional));
+}
+
+/// The operation once every operand is resolved: the operands in their merged environment,
+/// broadcast to the result's vectorized dims, then the rule.
+template <class Verb, class A>
+struct ragged_all_to_all_op {
+  A axes;
+  groups_t groups;
+
+  template <class X, class O, class... Ints>
+  auto operator()(const X& operand, const O& output, const Ints&... ints) const {
+    return run(operand, output, names_only(to_axis_list(axes)), ints...);
+  }
+
+ private:
+  template <class X, class O, class... Names, class... Ints>
+  auto run(const X& operand, const O& output, type_list<Names...>, const Ints&... ints) const {
+    constexpr std::string_view verb = Verb::name;
+    using Env = typename merged_env<env<>, X, O, Ints...>::type;
+    require_bound<Verb, Env, Names...>();
+    using T = value_type_of_t<X>;
+    static_assert(std::is_same_v<T, value_type_of_t<O>>,
+                  "namedax::ragged_all_to_all: operand and output must have one element type");
+    static_assert((... && (std::is_integral_v<value_type_of_t<Ints>> && !std::is_same_v<value_type_of_t<Ints>, bool>)),
+                  "namedax::ragged_all_to_all: offsets and sizes must be integers (int32, as in JAX)");
+    constexpr std::size_t vec = Env::vectorized_count;
+    auto x = ragged_payload<Env, T>(operand);
+    auto o = ragged_payload<Env, T>(output);
+    std::array<xt::xarray<std::int64_t>, 4> arrays{ragged_payload<Env, std::int64_t>(ints)...};
+    const dims_t xs(x.shape().begin(), x.shape().end() - vec), os(o.shape().begin(), o.shape().end() - vec);
+    if (xs.empty())
+      fail("namedax::", verb, ": the operand is a scalar; give an operand whose positional dim 0 holds the rows");
+    if (xs.size() != os.size() || !std::equal(xs.begin() + 1, xs.end(), os.begin() + 1))
+      fail("namedax::", verb, ": operand of positional shape ", xs, " and output of shape ", os,
+           " differ past dim 0; rows of one shape travel");
+    const named_axis described[] = {[&] {
+      constexpr int k = Env::index_of(Names::name);
+      const frame& f = bound_frame(verb, Names::name);
+      return named_axis{Names::name, Env::places[k], f.size, true, Env::vectorized_slot(k), f.index};
+    }()...};
+    // The result's vectorized dims: every operand's, and whole along the exchanged axes.
+    dims_t trailing(vec, 1);
+    auto widen = [&](const auto& a) {
+      for (std::size_t k = 0; k < vec; ++k) trailing[k] = broadcast_extent(trailing[k], a.shape()[a.dimension() - vec + k]);
+    };
+    widen(x), widen(o);
+    for (const auto& a : arrays) widen(a);
+    for (const auto& ax : described)
+      if (ax.place == placement::vectorized) trailing[ax.slot] = ax.size;
+    const std::size_t peers = arrays[0].dimension() == vec + 1 ? arrays[0].shape()[0] : 0;
+    for (std::size_t f = 0; f < 4; ++f)
+      if (arrays[f].dimension() != vec + 1 || arrays[f].shape()[0] != peers)
+        fail("namedax::", verb, ": ", ragged_fields[f], " has positional shape ",
+             dims_t(arrays[f].shape().begin(), arrays[f].shape().end() - vec), " and input_offsets ", dims_t{peers},
+             "; give four 1-D integer arrays of one length, one entry per peer");
+    dims_t packed_shape{4, peers};
+    packed_shape.insert(packed_shape.end(), trailing.begin(), trailing.end());
+    auto packed = xt::xarray<std::int64_t>::from_shape(packed_shape);
+    for (std::size_t f = 0; f < 4; ++f)
+      xt::view(packed, f) = ragged_broadcast(arrays[f], dims_t{peers}, trailing);
+    auto operand_full = ragged_broadcast(x, xs, trailing);
+    auto out = ragged_all_to_all_rule<T>(verb, block_of(operand_full), ragged_broadcast(o, os, trailing),
+                                         block_of(packed), xs.size(), described,
+                                         groups.empty() ? std::nullopt : std::optional<groups_t>(groups));
+    constexpr axis_mask varying = mask_of<X>() | mask_of<O>() | (mask_of<Ints>() | ...) | Env::template mask_of<Names...>();
+    return make_named<shared_array<T>, Env, varying>(share_array(std::move(out)));
+  }
+};
+
+}  // namespace namedax::detail

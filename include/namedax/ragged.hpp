@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: MIT
+// ragged_all_to_all: the all-to-all of ragged arrays (rows at offsets, with sizes), as used to
+// dispatch tokens to experts, under vmap, pmap and MPI processes alike.
+#pragma once
+
+#include <namedax/collectives.hpp>
+#include <namedax/detail/ragged.hpp>
+
+namespace namedax {
+
+/// Options of ragged_all_to_all (JAX's keyword arguments).
+struct ragged_all_to_all_options {
+  /// Exchange within each group of axis indices; the groups partition 0..N-1, equal sizes.
+  std::vector<std::vector<int>> axis_index_groups{};
+};
+
+/// `ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+/// axis, {.axis_index_groups})`, JAX's `jax.lax.ragged_all_to_all`: index i sends rows
+/// `operand[input_offsets[j] : input_offsets[j] + send_sizes[j]]` to peer j, where they are
+/// written into j's `output` from row `output_offsets[j]` on (the sender says where its chunk
+/// lands in the receiver). `recv_sizes[j]` is what i receives from j and must equal what j
+/// sends to i. Rows of `output` that nobody writes keep their values. The four integer arrays
+/// have one entry per index of the axis (of the group), as named values or plain arrays.
+///
+/// JAX's example, two indices along "x", each row a scalar:
+///   index 0: operand [1, 2, 2], output [0, 0, 0, 0], input_offsets [0, 1], send_sizes [1, 2],
+///            output_offsets [0, 0], recv_sizes [1, 1]
+///   index 1: operand [3, 4, 0], output [0, 0, 0, 0], input_offsets [0, 1], send_sizes [1, 1],
+///            output_offsets [1, 2], recv_sizes [2, 1]
+///   result:  index 0 [1, 3, 0, 0], index 1 [2, 2, 4, 0]
+///
+/// Beyond JAX it runs under vmap (JAX's batching rule asks for a feature request). Offsets
+/// and sizes that are negative, reach past the operand or the output, or disagree with the
+/// senders are a namedax::error on every index, naming the index, the peer and the numbers.
+struct ragged_all_to_all_fn {
+  static constexpr std::string_view name = "ragged_all_to_all";
+  template <class X, class O, class IO, class SS, class OO, class RS, AxisArgument A>
+    requires(NamedOperand<X> || NamedOperand<O>)
+  auto operator()(const X& operand, const O& output, const IO& input_offsets, const SS& send_sizes,
+                  const OO& output_offsets, const RS& recv_sizes, const A& axes,
+                  const ragged_all_to_all_options& options = {}) const {
+    return detail::when_resolved(detail::ragged_all_to_all_op<ragged_all_to_all_fn, A>{axes, options.axis_index_groups},
+                                 operand, output, input_offsets, send_sizes, output_offsets, recv_sizes);
+  }
+};
+inline constexpr ragged_all_to_all_fn ragged_all_to_all{};
+
+}  // namespace namedax
