@@ -236,3 +236,162 @@ TEST_SUITE("differential") {
     for (int run = 0; run < 10; ++run) contraction_run<T>(rng);
   }
 }
+
+TEST_SUITE("contractions through gemm") {
+  // The reference: a plain loop over every index of every subscript, summed in double (for
+  // floating types) or in T (integers, exact), with sum |x * y| per output element for the
+  // error bound. Subscripts of `xs` and `ys` are indexes into x and y; x may have a leading
+  // mapped dim of size n (`xs` then starts with 'n' and the output too).
+  template <class T>
+  struct reference {
+    xt::xarray<double> value, magnitude;
+    std::size_t summed = 1;  // terms per output element
+  };
+
+  template <class T>
+  reference<T> naive_einsum(std::string_view xs, const xt::xarray<T>& x, std::string_view ys, const xt::xarray<T>& y,
+                            std::string_view out) {
+    std::string letters;
+    std::array<std::size_t, 26> size{};
+    auto note = [&](std::string_view subs, const auto& a) {
+      for (std::size_t d = 0; d < subs.size(); ++d)
+        if (letters.find(subs[d]) == std::string::npos) letters += subs[d], size[subs[d] - 'a'] = a.shape()[d];
+    };
+    note(xs, x);
+    note(ys, y);
+    std::vector<std::size_t> out_shape;
+    for (char c : out) out_shape.push_back(size[c - 'a']);
+    reference<T> r{xt::zeros<double>(out_shape), xt::zeros<double>(out_shape)};
+    for (char c : letters)
+      if (out.find(c) == std::string_view::npos) r.summed *= size[c - 'a'];
+    std::size_t total = 1;
+    for (char c : letters) total *= size[c - 'a'];
+    std::array<std::size_t, 26> at{};
+    auto offset = [&](std::string_view subs, const auto& a) {
+      std::size_t o = 0;
+      for (std::size_t d = 0; d < subs.size(); ++d) o += at[subs[d] - 'a'] * a.strides()[d];
+      return o;
+    };
+    auto out_offset = [&] {
+      std::size_t o = 0;
+      for (std::size_t d = 0; d < out.size(); ++d) o += at[out[d] - 'a'] * r.value.strides()[d];
+      return o;
+    };
+    for (std::size_t flat = 0; flat < total; ++flat) {
+      for (std::size_t k = letters.size(), rest = flat; k-- > 0;)
+        at[letters[k] - 'a'] = rest % size[letters[k] - 'a'], rest /= size[letters[k] - 'a'];
+      const double p = static_cast<double>(x.data()[offset(xs, x)]) * static_cast<double>(y.data()[offset(ys, y)]);
+      r.value.data()[out_offset()] += p;
+      r.magnitude.data()[out_offset()] += std::abs(p);
+    }
+    return r;
+  }
+
+  // A float sum of K products in any order (gemm's blocking, FMA or not) is within
+  // gamma_K * sum |x_k y_k| of the exact sum, gamma_K = K u / (1 - K u) with u = eps / 2; the
+  // double reference adds far less than that. So K * eps * sum |x_k y_k| bounds the error.
+  // Integers (small values, no overflow) must match exactly.
+  template <class T>
+  void check_against(const xt::xarray<T>& got, const reference<T>& r) {
+    REQUIRE(got.shape() == r.value.shape());
+    const double eps = std::numeric_limits<T>::epsilon();
+    for (std::size_t e = 0; e < got.size(); ++e) {
+      if constexpr (std::is_integral_v<T>) {
+        CHECK(static_cast<double>(got.data()[e]) == r.value.data()[e]);
+      } else {
+        const double bound = static_cast<double>(std::max<std::size_t>(r.summed, 1)) * eps * r.magnitude.data()[e];
+        CHECK(std::abs(static_cast<double>(got.data()[e]) - r.value.data()[e]) <= bound);
+      }
+    }
+  }
+
+  /// xeinsum<Spec> with x mapped along "n" (its leading dim) and y shared, against the
+  /// reference, and bit for bit between vmap and pmap.
+  template <namedax::fixed_string Spec, class T>
+  void check_spec(std::string_view xs, const xt::xarray<T>& x, std::string_view ys, const xt::xarray<T>& y,
+                  std::string_view out) {
+    CAPTURE(std::string(Spec.view()));
+    auto f = [&](auto x) { return namedax::xeinsum<Spec>(x, y); };
+    auto v = namedax::vmap<"n">(f)(x);
+    check_against<T>(v, naive_einsum<T>(xs, x, ys, y, out));
+    CHECK_BITWISE(v, namedax::pmap<"n">(f)(x));
+  }
+
+  TEST_CASE_TEMPLATE("every grouping of dims against a plain loop, vmap and pmap bit for bit", T, float, double,
+                     std::int32_t) {
+    std::mt19937 rng(21);
+    auto r = [&](std::vector<std::size_t> shape) { return namedax_test::random_array<T>(rng, shape); };
+    check_spec<"ij,jk->ik">("nij", r({3, 5, 7}), "jk", r({7, 4}), "nik");            // a matmul
+    check_spec<"ij,jk->ki">("nij", r({3, 5, 7}), "jk", r({7, 4}), "nki");            // the output transposed
+    check_spec<"ji,kj->ik">("nji", r({2, 7, 5}), "kj", r({4, 7}), "nik");            // both operands transposed
+    check_spec<"bij,bjk->bik">("nbij", r({2, 3, 4, 6}), "bjk", r({3, 6, 5}), "nbik");  // a batch dim
+    check_spec<"ibj,jkb->bki">("nibj", r({2, 4, 3, 6}), "jkb", r({6, 5, 3}), "nbki");  // batch dims anywhere
+    check_spec<"ijk,jkl->il">("nijk", r({2, 3, 4, 5}), "jkl", r({4, 5, 6}), "nil");    // two contracted dims
+    check_spec<"ikj,jlk->li">("nikj", r({2, 3, 5, 4}), "jlk", r({4, 6, 5}), "nli");    // ... in other orders
+    check_spec<"iaj,jbk->abik">("niaj", r({2, 3, 2, 4}), "jbk", r({4, 3, 5}), "nabik");  // two dims in M and N
+    check_spec<"ij,j->i">("nij", r({2, 5, 7}), "j", r({7}), "ni");                    // a matrix-vector product
+    check_spec<"i,i->">("ni", r({3, 9}), "i", r({9}), "n");                           // a dot product
+    check_spec<"i,j->ij">("ni", r({3, 4}), "j", r({5}), "nij");                       // an outer product (K = 1)
+    check_spec<"ij,jk->ik">("nij", r({2, 1, 7}), "jk", r({7, 1}), "nik");            // size-1 M and N
+    check_spec<"ij,jk->ik">("nij", r({2, 5, 1}), "jk", r({1, 4}), "nik");            // size-1 K
+    check_spec<"ij,jk->ik">("nij", r({2, 5, 0}), "jk", r({0, 4}), "nik");            // K = 0: zeros
+    check_spec<"ij,jk->ik">("nij", r({2, 0, 3}), "jk", r({3, 4}), "nik");            // M = 0: empty
+    check_spec<"bij,bjk->bik">("nbij", r({2, 0, 3, 3}), "bjk", r({0, 3, 2}), "nbik");  // no batch items
+  }
+
+  TEST_CASE_TEMPLATE("non-contiguous views, and both operands mapped", T, float, double, std::int32_t) {
+    std::mt19937 rng(22);
+    xt::xarray<T> big = namedax_test::random_array<T>(rng, {3, 8, 9});
+    xt::xarray<T> wide = namedax_test::random_array<T>(rng, {10, 12});
+    auto x = xt::view(big, xt::all(), xt::range(0, 8, 2), xt::range(1, 9));  // (3, 4, 8), rows strided
+    auto w = xt::view(wide, xt::range(0, 8), xt::range(0, 12, 3));           // (8, 4), columns strided
+    auto wt = xt::transpose(xt::view(wide, xt::range(0, 4), xt::range(0, 8)));  // (8, 4), a transposed view
+    auto f = [&](auto x) {
+      return std::tuple{namedax::xeinsum<"ij,jk->ik">(x, w), namedax::xeinsum<"ij,jk->ik">(x, wt)};
+    };
+    const xt::xarray<T> xe = x, we = w, wte = wt;
+    auto v = namedax::vmap<"n">(f)(x);
+    check_against<T>(std::get<0>(v), naive_einsum<T>("nij", xe, "jk", we, "nik"));
+    check_against<T>(std::get<1>(v), naive_einsum<T>("nij", xe, "jk", wte, "nik"));
+    auto p = namedax::pmap<"n">(f)(x);
+    CHECK_BITWISE(std::get<0>(v), std::get<0>(p));
+    CHECK_BITWISE(std::get<1>(v), std::get<1>(p));
+    // Both operands mapped: one matmul per index of "n", each its own gemm.
+    xt::xarray<T> y = namedax_test::random_array<T>(rng, {3, 8, 5});
+    auto g = [](auto x, auto y) { return namedax::xeinsum<"ij,jk->ik">(x, y); };
+    auto both = namedax::vmap<"n">(g)(x, y);
+    check_against<T>(both, naive_einsum<T>("nij", xe, "njk", y, "nik"));
+    CHECK_BITWISE(both, namedax::pmap<"n">(g)(x, y));
+  }
+
+  TEST_CASE_TEMPLATE("pdot through gemm: batch, contracted and free dims against a plain loop", T, float, double,
+                     std::int32_t) {
+    std::mt19937 rng(23);
+    auto x = namedax_test::random_array<T>(rng, {2, 4, 3, 5});  // mapped: (c1, b, f)
+    auto y = namedax_test::random_array<T>(rng, {3, 4, 6});     // plain: (b, c1, g)
+    auto f = [&](auto x) { return namedax::pdot(x, y, namedax::axes(), {{0}, {1}}, {{1}, {0}}); };
+    auto v = namedax::vmap<"i">(f)(x);
+    check_against<T>(v, naive_einsum<T>("ncbf", x, "bcg", y, "nbfg"));
+    CHECK_BITWISE(v, namedax::pmap<"i">(f)(x));
+    // And the same contraction written as xeinsum sums in the same order.
+    auto e = [&](auto x) { return namedax::xeinsum<"cbf,bcg->bfg">(x, y); };
+    CHECK_BITWISE(namedax::vmap<"i">(e)(x), v);
+  }
+
+  TEST_CASE("nested maps: every placement of a 2-D mesh gives the same bits") {
+    std::mt19937 rng(24);
+    auto x = namedax_test::random_array<float>(rng, {2, 3, 6, 7});
+    auto w = namedax_test::random_array<float>(rng, {2, 3, 7, 5});
+    auto f = [](auto x, auto w) {
+      return std::tuple{namedax::xeinsum<"ij,jk->ik">(x, w), namedax::xeinsum<"ij{b},jk{b}->ki">(x, w)};
+    };
+    auto ref = namedax::vmap<"a">(namedax::vmap<"b">(f))(x, w);
+    for (auto placed : {namedax::pmap<"a">(namedax::vmap<"b">(f))(x, w), namedax::vmap<"a">(namedax::pmap<"b">(f))(x, w),
+                        namedax::pmap<"a">(namedax::pmap<"b">(f))(x, w)}) {
+      CHECK_BITWISE(std::get<0>(placed), std::get<0>(ref));
+      CHECK_BITWISE(std::get<1>(placed), std::get<1>(ref));
+    }
+    const xt::xarray<float> local = std::get<0>(ref);
+    check_against<float>(local, naive_einsum<float>("abij", x, "abjk", w, "abik"));
+  }
+}
