@@ -4,6 +4,7 @@
 #pragma once
 
 #include <namedax/collectives.hpp>
+#include <namedax/ragged.hpp>
 #include <namedax/detail/transpose.hpp>
 
 #include <tuple>
@@ -324,6 +325,45 @@ struct pshuffle_map : detail::linear_map_base {
 template <AxisArgument A>
 pshuffle_map<A> pshuffle(A axes, std::vector<int> perm) {
   return {{}, axes, std::move(perm)};
+}
+
+/// x -> ragged_all_to_all(x, zeros, input_offsets, send_sizes, output_offsets, recv_sizes,
+/// axes, options), with an output of `output_rows` zero rows: linear in x. Its transpose sends
+/// the cotangent's rows back where they came from: a ragged_all_to_all into `operand_rows`
+/// zero rows whose input offsets are the output offsets each peer gave (all_to_all of them),
+/// whose output offsets are the input offsets likewise, and whose send and receive sizes
+/// swap. The offsets and sizes are named values (all_to_all moves them).
+template <AxisArgument A, class IO, class SS, class OO, class RS>
+struct ragged_all_to_all_map : detail::linear_map_base {
+  A axes;
+  IO input_offsets;
+  SS send_sizes;
+  OO output_offsets;
+  RS recv_sizes;
+  std::size_t operand_rows;
+  std::size_t output_rows;
+  ragged_all_to_all_options options;
+
+  template <class X>
+  auto operator()(const X& x) const {
+    return namedax::ragged_all_to_all(x, detail::ragged_zeros(x, output_rows), input_offsets, send_sizes,
+                                      output_offsets, recv_sizes, axes, options);
+  }
+  template <NamedValue C>
+  auto transpose_of(const C& ct) const {
+    const all_to_all_options swap{.axis_index_groups = options.axis_index_groups};
+    return namedax::ragged_all_to_all(ct, detail::ragged_zeros(ct, operand_rows),
+                                      namedax::all_to_all(output_offsets, axes, 0, 0, swap), recv_sizes,
+                                      namedax::all_to_all(input_offsets, axes, 0, 0, swap), send_sizes, axes, options);
+  }
+};
+template <AxisArgument A, NamedValue IO, NamedValue SS, NamedValue OO, NamedValue RS>
+ragged_all_to_all_map<A, IO, SS, OO, RS> ragged_all_to_all(A axes, IO input_offsets, SS send_sizes, OO output_offsets,
+                                                            RS recv_sizes, std::size_t operand_rows,
+                                                            std::size_t output_rows,
+                                                            const ragged_all_to_all_options& options = {}) {
+  return {{}, axes, std::move(input_offsets), std::move(send_sizes), std::move(output_offsets), std::move(recv_sizes),
+          operand_rows, output_rows, options};
 }
 
 /// x -> pvary(x, axes); its transpose sums a cotangent over the names it varies along.

@@ -208,7 +208,7 @@ xt::xarray<T> ragged_payload(const Y& y) {
   } else {
     xt::xarray<T> a = evaluate<T>(y);
     dims_t shape(a.shape().begin(), a.shape().end());
-    shape.resize(shape.size() + Env::vectorized_count, 1);
+    for (std::size_t k = 0; k < Env::vectorized_count; ++k) shape.push_back(1);
     a.reshape(shape);
     return a;
   }
@@ -288,5 +288,18 @@ struct ragged_all_to_all_op {
     return make_named<shared_array<T>, Env, varying>(share_array(std::move(out)));
   }
 };
+
+/// A plain array of `rows` zero rows shaped like the rows of named value x (for the linear map).
+template <class X>
+auto ragged_zeros(const X& x, std::size_t rows) {
+  using T = value_type_of_t<X>;
+  const auto& shape = x.payload().shape();
+  dims_t s(shape.begin(), shape.end() - static_cast<std::ptrdiff_t>(X::env_type::vectorized_count));
+  if (s.empty()) fail("namedax::ragged_all_to_all: the operand is a scalar; give an operand whose positional dim 0 holds the rows");
+  s[0] = rows;
+  xt::xarray<T> z = xt::xarray<T>::from_shape(s);
+  z.fill(T{});
+  return z;
+}
 
 }  // namespace namedax::detail
