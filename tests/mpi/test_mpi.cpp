@@ -396,6 +396,70 @@ TEST_SUITE("what each process passes and receives") {
     xt::xarray<int> w{1, 2};
     check_same(namedax::mpi::pmap<"i">(g, namedax::none, 0, n)(w), namedax::vmap<"i">(g, namedax::none, 0, n)(w));
   }
+  TEST_CASE("ragged_all_to_all: one MPI_Alltoallv, in groups, overlapping chunks, processes x vmap and x threads") {
+    // Random chunks, the same on every process (one seed): operand [n, N, 2], output [n, M, 2],
+    // offsets and sizes [n, n]; receiver r lays what it gets in sender order.
+    auto make = [](std::size_t n, std::size_t peers, unsigned seed, bool overlap) {
+      std::mt19937 rng(seed);
+      const std::size_t N = 3 * peers + 1, M = 3 * peers + 2;
+      auto op = whole_numbers<float>(rng, {n, N, 2}), out = whole_numbers<float>(rng, {n, M, 2});
+      xt::xarray<std::int32_t> io = xt::zeros<std::int32_t>({n, peers}), ss = io, oo = io, rs = io;
+      std::uniform_int_distribution<int> size(0, 2), gap(0, 1);
+      const std::size_t groups = n / peers;  // groups of consecutive... of stride `groups`: {k, k + groups, ...}
+      for (std::size_t s = 0; s < n; ++s)
+        for (std::size_t p = 0, at = 0; p < peers; ++p) {
+          at += static_cast<std::size_t>(gap(rng));
+          ss(s, p) = size(rng), io(s, p) = static_cast<int>(at);
+          at += static_cast<std::size_t>(ss(s, p));
+        }
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t q = 0, at = 0; q < peers; ++q) {
+          const std::size_t s = r % groups + q * groups, pr = r / groups;  // sender at position q of r's group
+          at += overlap ? 0 : static_cast<std::size_t>(gap(rng));
+          oo(s, pr) = overlap ? 0 : static_cast<int>(at), rs(r, q) = ss(s, pr);
+          at += overlap ? 0 : static_cast<std::size_t>(ss(s, pr));
+        }
+      return std::tuple{op, out, io, ss, oo, rs};
+    };
+    auto over_i = [](auto... v) { return namedax::ragged_all_to_all(v..., "i"_ax); };
+    for (bool overlap : {false, true}) {
+      INFO("overlapping chunks: ", overlap);
+      std::apply([&](const auto&... a) { check_like_vmap(over_i, 0, a...); }, make(processes, processes, 5, overlap));
+    }
+    std::vector<std::vector<int>> groups(2);
+    for (std::size_t k = 0; k < processes; ++k) groups[k % 2].push_back(static_cast<int>(k));
+    auto grouped = [groups](auto... v) { return namedax::ragged_all_to_all(v..., "i"_ax, {.axis_index_groups = groups}); };
+    std::apply([&](const auto&... a) { check_like_vmap(grouped, 0, a...); }, make(processes, processes / 2, 6, false));
+
+    // "i" on 2 blocks of processes, "j" inside them: the exchange over "i" with "j" a batch.
+    const std::size_t nj = processes / 2;
+    auto [op, out, io, ss, oo, rs] = make(2 * nj, 2, 7, false);
+    auto split = [nj](auto a) {
+      std::vector<std::size_t> shape{2, nj};
+      shape.insert(shape.end(), a.shape().begin() + 1, a.shape().end());
+      a.reshape(shape);
+      return a;
+    };
+    // Index (a, b) is flat a * nj + b, and the groups of `make` with 2 peers pair b with
+    // nj + b: exchanging over "i" pairs (0, b) with (1, b).
+    std::apply(
+        [&](const auto&... a) {
+          const auto expected = namedax::vmap<"i">(namedax::vmap<"j">(over_i))(a...);
+          check_same(namedax::mpi::pmap<"i">(namedax::vmap<"j">(over_i))(a...), expected);
+          check_same(namedax::mpi::pmap<"i">(namedax::pmap<"j">(over_i))(a...), expected);
+        },
+        std::tuple{split(op), split(out), split(io), split(ss), split(oo), split(rs)});
+  }
+  TEST_CASE("ragged_all_to_all: recv_sizes that disagree are the same error on every process") {
+    const std::size_t n = processes;
+    const std::vector<std::size_t> rows{n, 2}, square{n, n};
+    xt::xarray<float> op = xt::zeros<float>(rows), out = xt::zeros<float>(rows);
+    xt::xarray<std::int32_t> zero = xt::zeros<std::int32_t>(square), ones = xt::ones<std::int32_t>(square);
+    auto f = [](auto... v) { return namedax::ragged_all_to_all(v..., "i"_ax); };
+    const std::string message = error_of([&] { namedax::mpi::pmap<"i">(f)(op, out, zero, ones, zero, zero); });
+    CHECK(message.find("namedax::ragged_all_to_all over axis ('i',): index 0 sending to peer 0 sends 1 rows but the "
+                       "peer's recv_sizes[0] is 0") != std::string::npos);
+  }
 }
 
 TEST_SUITE("meshes") {
