@@ -312,3 +312,38 @@ TEST_SUITE("ragged_all_to_all") {
     check(namedax::pmap<"x">(pair)(c.operand, y, c.input_offsets, c.send_sizes, c.output_offsets, c.recv_sizes));
   }
 }
+
+TEST_SUITE("all_gather_v") {
+  TEST_CASE("the valid rows of every index, concatenated in index order, in every placement") {
+    std::mt19937 rng(30);
+    for (std::size_t n : {1u, 3u, 4u}) {
+      const std::size_t R = 3;
+      const auto x = namedax_test::random_array<float>(rng, {n, R, 2});
+      ints count = xt::zeros<std::int32_t>({n});
+      std::uniform_int_distribution<int> pick(0, static_cast<int>(R));
+      for (std::size_t k = 0; k < n; ++k) count(k) = pick(rng);
+      // The reference: every index's rows in order, the same on every index.
+      std::vector<float> rows;
+      for (std::size_t k = 0; k < n; ++k)
+        for (int t = 0; t < count(k); ++t)
+          for (std::size_t e = 0; e < 2; ++e) rows.push_back(x(k, static_cast<std::size_t>(t), e));
+      const std::size_t total = rows.size() / 2;
+      xt::xarray<float> expected = xt::xarray<float>::from_shape({n, total, 2});
+      for (std::size_t k = 0; k < n; ++k) std::copy(rows.begin(), rows.end(), expected.begin() + static_cast<std::ptrdiff_t>(k * rows.size()));
+      auto body = [](auto v, auto c) { return namedax::eval(namedax::pvary(namedax::all_gather_v(v, c, "x"_ax), "x"_ax)); };
+      INFO("n = ", n);
+      CHECK_BITWISE(xt::xarray<float>(namedax::vmap<"x">(body)(x, count)), expected);
+      CHECK_BITWISE(xt::xarray<float>(namedax::pmap<"x">(body)(x, count)), expected);
+    }
+  }
+  TEST_CASE("a count outside 0..rows is an error naming the index and the count") {
+    const xt::xarray<float> x = xt::zeros<float>({2, 3});
+    const ints count{1, 4};
+    auto body = [](auto v, auto c) { return namedax::eval(namedax::all_gather_v(v, c, "x"_ax)); };
+    for (const auto& text : {error_of([&] { (void)namedax::vmap<"x">(body)(x, count); }),
+                             error_of([&] { (void)namedax::pmap<"x">(body)(x, count); })}) {
+      INFO(text);
+      CHECK(text.find("namedax::all_gather_v over axis ('x',): index 1 gives count 4, outside 0..3") != std::string::npos);
+    }
+  }
+}

@@ -45,4 +45,23 @@ struct ragged_all_to_all_fn {
 };
 inline constexpr ragged_all_to_all_fn ragged_all_to_all{};
 
+/// The v-variant of all_gather (MPI_Allgatherv): each index contributes its first `count`
+/// rows of `x` (its other rows are padding), and every index gets all of them concatenated
+/// along dim 0 in index order, `count_0 + count_1 + ...` rows. The counts, int32 named values
+/// (or one plain integer for every index), are learned in the exchange. Every index holds
+/// the same result. Under a vmap over other axes whose elements gather different totals,
+/// each element's rows are padded with zeros to the largest total.
+///   // along "i" of size 3: x = [[a, b], [c, _], [d, e]], count = [2, 1, 2]
+///   all_gather_v(x, count, "i"_ax)  // [a, b, c, d, e] on every index
+struct all_gather_v_fn {
+  static constexpr std::string_view name = "all_gather_v";
+  template <class X, class C, AxisArgument A>
+    requires NamedOperand<X>
+  auto operator()(const X& x, const C& count, const A& axes) const {
+    // Every index's count first (small), then the rows by one ragged all-to-all.
+    return detail::when_resolved(detail::all_gather_v_op<all_gather_v_fn, A>{axes}, x, namedax::all_gather(count, axes));
+  }
+};
+inline constexpr all_gather_v_fn all_gather_v{};
+
 }  // namespace namedax

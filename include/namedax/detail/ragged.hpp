@@ -302,4 +302,86 @@ auto ragged_zeros(const X& x, std::size_t rows) {
   return z;
 }
 
+/// all_gather_v once its operands are resolved: `counts` holds every index's count (an
+/// all_gather of them). Index r sends rows [0, count_r) of x to every peer, where they land
+/// after the rows of the indices before r: the ragged all-to-all of an all-gather.
+template <class Verb, class A>
+struct all_gather_v_op {
+  A axes;
+
+  template <class X, class C>
+  auto operator()(const X& x, const C& counts) const {
+    return run(x, counts, names_only(to_axis_list(axes)));
+  }
+
+ private:
+  template <class X, class C, class... Names>
+  auto run(const X& x_value, const C& counts_value, type_list<Names...>) const {
+    constexpr std::string_view verb = Verb::name;
+    using Env = typename merged_env<env<>, X, C>::type;
+    require_bound<Verb, Env, Names...>();
+    using T = value_type_of_t<X>;
+    constexpr std::size_t vec = Env::vectorized_count;
+    auto x = ragged_payload<Env, T>(x_value);
+    auto counts = ragged_payload<Env, std::int64_t>(counts_value);
+    const dims_t xs(x.shape().begin(), x.shape().end() - vec);
+    if (xs.empty()) fail("namedax::", verb, ": x is a scalar; give x whose positional dim 0 holds the rows");
+    const named_axis described[] = {[&] {
+      constexpr int k = Env::index_of(Names::name);
+      const frame& f = bound_frame(verb, Names::name);
+      return named_axis{Names::name, Env::places[k], f.size, true, Env::vectorized_slot(k), f.index};
+    }()...};
+    const std::size_t n = member_count(described);
+    dims_t trailing(vec, 1);
+    for (std::size_t k = 0; k < vec; ++k)
+      trailing[k] = broadcast_extent(x.shape()[xs.size() + k], counts.shape()[1 + k]);
+    for (const auto& ax : described)
+      if (ax.place == placement::vectorized) trailing[ax.slot] = ax.size;
+    const auto all = ragged_broadcast(counts, dims_t{n}, trailing);
+    // Every index sees every count: a bad one is the same error everywhere, and the rows of
+    // the result are the largest total over the batch elements (shorter totals pad with zeros).
+    std::int64_t rows = 0;
+    for_each_index(trailing, [&](std::span<const std::size_t> v) {
+      std::int64_t total = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        const std::int64_t c = all.data()[static_cast<std::ptrdiff_t>(j) * static_cast<std::ptrdiff_t>(all.strides()[0]) +
+                                          trailing_offset(v, all.strides(), 1)];
+        if (c < 0 || c > static_cast<std::int64_t>(xs[0]))
+          fail("namedax::", verb, " over axis ", describe_axes(described), ": index ", j, " gives count ", c,
+               ", outside 0..", xs[0], " (the rows of x); give each index's number of valid leading rows");
+        total += c;
+      }
+      rows = std::max(rows, total);
+    });
+    dims_t packed_shape{4, n};
+    packed_shape.insert(packed_shape.end(), trailing.begin(), trailing.end());
+    auto packed = xt::xarray<std::int64_t>::from_shape(packed_shape);
+    const auto ps = packed.strides();
+    for_each_index(trailing, [&](std::span<const std::size_t> v) {
+      std::size_t r = 0;  // this element's rank along the axes
+      for (const auto& ax : described) r = r * ax.size + (ax.place == placement::vectorized ? v[ax.slot] : ax.index);
+      auto count = [&](std::size_t j) {
+        return all.data()[static_cast<std::ptrdiff_t>(j) * static_cast<std::ptrdiff_t>(all.strides()[0]) +
+                          trailing_offset(v, all.strides(), 1)];
+      };
+      std::int64_t before = 0;
+      for (std::size_t j = 0; j < r; ++j) before += count(j);
+      for (std::size_t j = 0; j < n; ++j) {
+        std::int64_t* at = packed.data() + trailing_offset(v, ps, 2) + static_cast<std::ptrdiff_t>(j * ps[1]);
+        at[0] = 0, at[ps[0]] = count(r), at[2 * ps[0]] = before, at[3 * ps[0]] = count(j);
+      }
+    });
+    dims_t out_shape = xs;
+    out_shape[0] = static_cast<std::size_t>(rows);
+    out_shape.insert(out_shape.end(), trailing.begin(), trailing.end());
+    xt::xarray<T> zeros = xt::xarray<T>::from_shape(out_shape);
+    zeros.fill(T{});
+    auto operand = ragged_broadcast(x, xs, trailing);
+    auto out = ragged_all_to_all_rule<T>(verb, block_of(operand), std::move(zeros), block_of(packed), xs.size(),
+                                         described, std::nullopt);
+    constexpr axis_mask varying = (mask_of<X>() | mask_of<C>()) & ~Env::template mask_of<Names...>();
+    return make_named<shared_array<T>, Env, varying>(share_array(std::move(out)));
+  }
+};
+
 }  // namespace namedax::detail
