@@ -31,50 +31,56 @@ struct ragged_case {
   ints input_offsets, send_sizes, output_offsets, recv_sizes;
 };
 
-/// Random chunks: each sender lays its chunks for peers in a random order with random gaps
-/// (padding), sizes 0..2 (a quarter of the senders send nothing); each receiver lays what it
-/// gets in sender order with random gaps. Nothing overlaps.
-ragged_case random_case(std::mt19937& rng, std::size_t n, std::size_t row) {
-  const std::size_t N = 3 * n + 1, M = 3 * n + 2;
+/// Random chunks, `slices` per (sender, receiver) pair as JAX allows (entry r * slices + q of a
+/// sender's arrays goes to receiver r): each sender lays its chunks in a random order with
+/// random gaps (padding), sizes 0..2 (a quarter of the senders send nothing); each receiver
+/// lays what it gets in sender order with random gaps. Nothing overlaps.
+ragged_case random_case(std::mt19937& rng, std::size_t n, std::size_t row, std::size_t slices = 1) {
+  const std::size_t K = n * slices, N = 3 * K + 1, M = 3 * K + 2;
   ragged_case c;
   c.operand = namedax_test::random_array<float>(rng, {n, N, row});
   c.output = namedax_test::random_array<float>(rng, {n, M, row});
-  c.input_offsets = c.send_sizes = c.output_offsets = c.recv_sizes = xt::zeros<std::int32_t>({n, n});
+  c.input_offsets = c.send_sizes = c.output_offsets = c.recv_sizes = xt::zeros<std::int32_t>({n, K});
   std::uniform_int_distribution<int> size(0, 2), gap(0, 1), quiet(0, 3);
   for (std::size_t s = 0; s < n; ++s) {
     const bool silent = quiet(rng) == 0;
-    std::vector<std::size_t> order(n);
-    for (std::size_t k = 0; k < n; ++k) order[k] = k;
+    std::vector<std::size_t> order(K);
+    for (std::size_t k = 0; k < K; ++k) order[k] = k;
     std::shuffle(order.begin(), order.end(), rng);
     int at = 0;
-    for (std::size_t r : order) {
+    for (std::size_t e : order) {
       at += gap(rng);
       const int sz = silent ? 0 : size(rng);
-      c.send_sizes(s, r) = sz, c.input_offsets(s, r) = at;
+      c.send_sizes(s, e) = sz, c.input_offsets(s, e) = at;
       at += sz;
     }
   }
   for (std::size_t r = 0; r < n; ++r) {
     int at = 0;
-    for (std::size_t s = 0; s < n; ++s) {
-      at += gap(rng);
-      c.output_offsets(s, r) = at, c.recv_sizes(r, s) = c.send_sizes(s, r);
-      at += c.send_sizes(s, r);
-    }
+    for (std::size_t s = 0; s < n; ++s)
+      for (std::size_t q = 0; q < slices; ++q) {
+        const std::size_t e = r * slices + q;
+        at += gap(rng);
+        c.output_offsets(s, e) = at, c.recv_sizes(r, s * slices + q) = c.send_sizes(s, e);
+        at += c.send_sizes(s, e);
+      }
   }
   return c;
 }
 
-/// The reference, with plain loops: receiver r's output with sender s's rows written in.
+/// The reference, with plain loops: receiver r's output with sender s's slices written in.
 xt::xarray<float> reference(const ragged_case& c) {
   xt::xarray<float> out = c.output;
-  const std::size_t n = c.operand.shape()[0], row = c.operand.shape()[2];
+  const std::size_t n = c.operand.shape()[0], row = c.operand.shape()[2], slices = c.send_sizes.shape()[1] / n;
   for (std::size_t r = 0; r < n; ++r)
     for (std::size_t s = 0; s < n; ++s)
-      for (int t = 0; t < c.send_sizes(s, r); ++t)
-        for (std::size_t e = 0; e < row; ++e)
-          out(r, static_cast<std::size_t>(c.output_offsets(s, r) + t), e) =
-              c.operand(s, static_cast<std::size_t>(c.input_offsets(s, r) + t), e);
+      for (std::size_t q = 0; q < slices; ++q) {
+        const std::size_t e = r * slices + q;
+        for (int t = 0; t < c.send_sizes(s, e); ++t)
+          for (std::size_t k = 0; k < row; ++k)
+            out(r, static_cast<std::size_t>(c.output_offsets(s, e) + t), k) =
+                c.operand(s, static_cast<std::size_t>(c.input_offsets(s, e) + t), k);
+      }
   return out;
 }
 
@@ -121,10 +127,11 @@ TEST_SUITE("ragged_all_to_all") {
   TEST_CASE("random offsets and sizes, zero sizes and silent senders: vmap and pmap give the loops' bits") {
     std::mt19937 rng(20);
     for (std::size_t n : {1u, 2u, 3u, 4u, 5u})
-      for (int trial = 0; trial < 6; ++trial) {
-        const auto c = random_case(rng, n, 1 + static_cast<std::size_t>(trial % 3));
+      for (int trial = 0; trial < 8; ++trial) {
+        const std::size_t slices = trial < 6 ? 1 : 3;  // several slices per peer, as JAX allows
+        const auto c = random_case(rng, n, 1 + static_cast<std::size_t>(trial % 3), slices);
         const auto expected = reference(c);
-        INFO("n = ", n, ", trial ", trial);
+        INFO("n = ", n, ", trial ", trial, ", slices per peer ", slices);
         const xt::xarray<float> v = namedax::vmap<"x">(ragged_body())(c.operand, c.output, c.input_offsets,
                                                                       c.send_sizes, c.output_offsets, c.recv_sizes);
         CHECK_BITWISE(v, expected);
@@ -207,9 +214,8 @@ TEST_SUITE("ragged_all_to_all") {
   }
 
   TEST_CASE("a plain output and plain offsets are the same on every index") {
-    // Every index sends row k of its operand to peer k, at row 0 of the peer: the peer's row
-    // 0 gets... only one sender may write there, so index s writes at row s instead.
-    const std::size_t n = 3;
+    // Every index sends row k of its operand to peer k, where sender s writes at row s; the
+    // output (plain, -1s) keeps its last row.
     const xt::xarray<float> operand{{10, 11, 12}, {20, 21, 22}, {30, 31, 32}};
     const ints io{0, 1, 2}, ss{1, 1, 1}, rs{1, 1, 1};
     auto body = [&](auto op, auto oo) {
@@ -220,7 +226,6 @@ TEST_SUITE("ragged_all_to_all") {
     const xt::xarray<float> expected{{10, 20, 30, -1}, {11, 21, 31, -1}, {12, 22, 32, -1}};
     CHECK_BITWISE(xt::xarray<float>(namedax::vmap<"x">(body)(operand, oo)), expected);
     CHECK_BITWISE(xt::xarray<float>(namedax::pmap<"x">(body)(operand, oo)), expected);
-    (void)n;
   }
 
   TEST_CASE("bad offsets and sizes are an error naming the index, the peer and the numbers, in every mode") {
@@ -242,7 +247,7 @@ TEST_SUITE("ragged_all_to_all") {
         {"recv_sizes disagree", io, ss, oo, ints{{1, 1}, {1, 1}},
          "index 0 sending to peer 1 sends 2 rows but the peer's recv_sizes[0] is 1"},
         {"wrong length", ints{{0, 1, 0}, {0, 1, 0}}, ints{{1, 2, 0}, {1, 1, 0}}, ints{{0, 0, 0}, {1, 2, 0}},
-         ints{{1, 1, 0}, {2, 1, 0}}, "have 3 entries, but the 2 indices of a group need one entry per peer"},
+         ints{{1, 1, 0}, {2, 1, 0}}, "have 3 entries, which the 2 indices of a group do not divide"},
     };
     for (const auto& b : cases) {
       INFO(b.what);
@@ -294,7 +299,9 @@ TEST_SUITE("ragged_all_to_all") {
 
   TEST_CASE("transpose: <ragged_all_to_all(x), y> == <x, transpose(y)>, under vmap and pmap") {
     std::mt19937 rng(24);
-    const auto c = random_case(rng, 4, 3);
+    for (std::size_t slices : {1u, 2u}) {
+    INFO("slices per peer ", slices);
+    const auto c = random_case(rng, 4, 3, slices);
     const std::size_t N = c.operand.shape()[1], M = c.output.shape()[1];
     const auto y = namedax_test::random_array<float>(rng, {4, M, 3});
     auto pair = [N, M](auto x, auto yy, auto io, auto ss, auto oo, auto rs) {
@@ -310,6 +317,7 @@ TEST_SUITE("ragged_all_to_all") {
     };
     check(namedax::vmap<"x">(pair)(c.operand, y, c.input_offsets, c.send_sizes, c.output_offsets, c.recv_sizes));
     check(namedax::pmap<"x">(pair)(c.operand, y, c.input_offsets, c.send_sizes, c.output_offsets, c.recv_sizes));
+    }
   }
 }
 

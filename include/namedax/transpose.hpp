@@ -351,7 +351,7 @@ struct ragged_all_to_all_map : detail::linear_map_base {
   }
   template <NamedValue C>
   auto transpose_of(const C& ct) const {
-    const all_to_all_options swap{.axis_index_groups = options.axis_index_groups};
+    const all_to_all_options swap{.axis_index_groups = options.axis_index_groups, .tiled = true};
     return namedax::ragged_all_to_all(ct, detail::ragged_zeros(ct, operand_rows),
                                       namedax::all_to_all(output_offsets, axes, 0, 0, swap), recv_sizes,
                                       namedax::all_to_all(input_offsets, axes, 0, 0, swap), send_sizes, axes, options);

@@ -67,37 +67,56 @@ inline ragged_table read_ragged_table(std::string_view verb, strided_block<std::
 }
 
 /// The first inconsistency in the table, in the user's words; empty when there is none. Every
-/// index computes it from the same table, so every index reports the same one.
+/// index computes it from the same table, so every index reports the same one. With K entries
+/// over groups of g indices, entry e goes to the peer at position e / (K / g): each peer gets
+/// K / g slices, and slice q from the peer at position p is entry p * (K / g) + q of recv_sizes.
 inline std::string ragged_mistake(std::string_view verb, const ragged_table& t, const group_layout& layout,
                                   std::span<const named_axis> axes, std::size_t operand_rows, std::size_t output_rows) {
   const std::string where = message("namedax::", verb, " over axis ", describe_axes(axes));
   const std::size_t g = layout.members.empty() ? 0 : layout.members.front().size();
-  if (t.members != 0 && t.peers != g)
-    return message(where, ": the offsets and sizes have ", t.peers, " entries, but the ", g,
-                   " indices of a group need one entry per peer; give arrays of length ", g);
+  if (t.members != 0 && (g == 0 || t.peers % g != 0))
+    return message(where, ": the offsets and sizes have ", t.peers, " entries, which the ", g,
+                   " indices of a group do not divide; give arrays whose length is a multiple of ", g,
+                   " (one run of slices per peer)");
+  const std::size_t slices = g == 0 ? 0 : t.peers / g;
   for (const auto& group : layout.members)
     for (std::size_t ps = 0; ps < group.size(); ++ps)
       for (std::size_t pr = 0; pr < group.size(); ++pr)
-        for (std::size_t b = 0; b < t.batch; ++b) {
-          const std::size_t s = group[ps], r = group[pr];
-          const std::int64_t in = t.at(s, 0, pr, b), size = t.at(s, 1, pr, b), out = t.at(s, 2, pr, b),
-                             recv = t.at(r, 3, ps, b);
-          const std::string peer = message(where, ": index ", s, " sending to peer ", r,
-                                           t.batch > 1 ? message(" (batch element ", b, ")") : std::string());
-          if (size < 0 || in < 0 || out < 0 || recv < 0)
-            return message(peer, " has input_offsets ", in, ", send_sizes ", size, ", output_offsets ", out,
-                           " and the peer recv_sizes ", recv, "; offsets and sizes must be >= 0");
-          if (in + size > static_cast<std::int64_t>(operand_rows))
-            return message(peer, " sends rows ", in, "..", in + size, " (input_offsets ", in, ", send_sizes ", size,
-                           "), past the operand's ", operand_rows, " rows");
-          if (out + size > static_cast<std::int64_t>(output_rows))
-            return message(peer, " writes rows ", out, "..", out + size, " (output_offsets ", out, ", send_sizes ",
-                           size, "), past the output's ", output_rows, " rows");
-          if (recv != size)
-            return message(peer, " sends ", size, " rows but the peer's recv_sizes[", ps, "] is ", recv,
-                           "; recv_sizes[j] must be what index j sends");
-        }
+        for (std::size_t q = 0; q < slices; ++q)
+          for (std::size_t b = 0; b < t.batch; ++b) {
+            const std::size_t s = group[ps], r = group[pr], e = pr * slices + q, f = ps * slices + q;
+            const std::int64_t in = t.at(s, 0, e, b), size = t.at(s, 1, e, b), out = t.at(s, 2, e, b),
+                               recv = t.at(r, 3, f, b);
+            const std::string peer =
+                message(where, ": index ", s, " sending to peer ", r, slices > 1 ? message(" (entry ", e, ")") : std::string(),
+                        t.batch > 1 ? message(" (batch element ", b, ")") : std::string());
+            if (size < 0 || in < 0 || out < 0 || recv < 0)
+              return message(peer, " has input_offsets ", in, ", send_sizes ", size, ", output_offsets ", out,
+                             " and the peer recv_sizes ", recv, "; offsets and sizes must be >= 0");
+            if (in + size > static_cast<std::int64_t>(operand_rows))
+              return message(peer, " sends rows ", in, "..", in + size, " (input_offsets ", in, ", send_sizes ", size,
+                             "), past the operand's ", operand_rows, " rows");
+            if (out + size > static_cast<std::int64_t>(output_rows))
+              return message(peer, " writes rows ", out, "..", out + size, " (output_offsets ", out, ", send_sizes ",
+                             size, "), past the output's ", output_rows, " rows");
+            if (recv != size)
+              return message(peer, " sends ", size, " rows but the peer's recv_sizes[", f, "] is ", recv,
+                             "; recv_sizes must be what each peer sends");
+          }
   return {};
+}
+
+/// Calls f(sender, in, size, out) for every slice member `rank` receives, in sender order.
+template <class F>
+void for_each_received(const ragged_table& t, const group_layout& layout, std::size_t rank, std::size_t b, F&& f) {
+  const std::size_t pr = layout.position_of[rank];
+  const auto& group = layout.members[layout.group_of[rank]];
+  const std::size_t slices = t.peers / group.size();
+  for (std::size_t s : group)
+    for (std::size_t q = 0; q < slices; ++q) {
+      const std::size_t e = pr * slices + q;
+      f(s, t.at(s, 0, e, b), t.at(s, 1, e, b), t.at(s, 2, e, b));
+    }
 }
 
 /// The output rows of each member it receives, in sender order: a later sender's rows win
@@ -106,43 +125,42 @@ template <class T>
 void write_received(const ragged_table& t, const group_layout& layout, std::size_t rank, std::size_t b,
                     std::span<const std::size_t> batch_index, T* target, std::span<const std::ptrdiff_t> out_strides,
                     std::size_t positional_rank, const auto& member_of) {
-  const std::size_t pr = layout.position_of[rank];
-  const auto& group = layout.members[layout.group_of[rank]];
-  for (std::size_t ps = 0; ps < group.size(); ++ps) {
-    const std::int64_t in = t.at(group[ps], 0, pr, b), size = t.at(group[ps], 1, pr, b), out = t.at(group[ps], 2, pr, b);
-    if (size == 0) continue;
-    strided_block<T> rows = member_of(group[ps]);
+  for_each_received(t, layout, rank, b, [&](std::size_t s, std::int64_t in, std::int64_t size, std::int64_t out) {
+    if (size == 0) return;
+    strided_block<T> rows = member_of(s);
     rows.data += trailing_offset(batch_index, rows.strides, positional_rank) + static_cast<std::ptrdiff_t>(in) * rows.strides[0];
     rows.shape.resize(positional_rank), rows.strides.resize(positional_rank);
     rows.shape[0] = static_cast<std::size_t>(size);
     copy_strided(rows, target + static_cast<std::ptrdiff_t>(out) * out_strides[0], out_strides.first(positional_rank));
-  }
+  });
 }
 
 /// Whether the chunks some index receives overlap (then the later sender's rows win, which
 /// MPI_Alltoallv does not promise). The same answer on every index: the table is everyone's.
 inline bool ragged_chunks_overlap(const ragged_table& t, const group_layout& layout) {
-  for (const auto& group : layout.members)
-    for (std::size_t pr = 0; pr < group.size(); ++pr)
-      for (std::size_t b = 0; b < t.batch; ++b) {
-        std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
-        for (std::size_t s : group)
-          if (t.at(s, 1, pr, b) > 0) chunks.emplace_back(t.at(s, 2, pr, b), t.at(s, 2, pr, b) + t.at(s, 1, pr, b));
-        std::sort(chunks.begin(), chunks.end());
-        for (std::size_t k = 1; k < chunks.size(); ++k)
-          if (chunks[k].first < chunks[k - 1].second) return true;
-      }
+  for (std::size_t r = 0; r < t.members; ++r)
+    for (std::size_t b = 0; b < t.batch; ++b) {
+      std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
+      for_each_received(t, layout, r, b, [&](std::size_t, std::int64_t, std::int64_t size, std::int64_t out) {
+        if (size > 0) chunks.emplace_back(out, out + size);
+      });
+      std::sort(chunks.begin(), chunks.end());
+      for (std::size_t k = 1; k < chunks.size(); ++k)
+        if (chunks[k].first < chunks[k - 1].second) return true;
+    }
   return false;
 }
 
-/// Over process axes alone (one batch element, chunks apart): one MPI_Alltoallv from the
+/// Over process axes alone (one slice per peer, one batch element, chunks apart): one MPI_Alltoallv from the
 /// operand straight into the output.
 template <class T>
 std::optional<xt::xarray<T>> ragged_across_processes(std::string_view verb, const strided_block<T>& operand,
                                                      xt::xarray<T>& output, const ragged_table& t,
                                                      const group_layout& layout, std::span<const named_axis> axes,
                                                      const std::optional<groups_t>& groups) {
-  if (!placed_on_processes(axes) || t.batch != 1 || ragged_chunks_overlap(t, layout)) return std::nullopt;
+  if (!placed_on_processes(axes) || t.batch != 1 || layout.members.empty() || t.peers != layout.members.front().size() ||
+      ragged_chunks_overlap(t, layout))
+    return std::nullopt;
   auto call = whole_payloads<T>(verb, operand, axes, groups, true, "");
   if (!call) return std::nullopt;
   std::size_t me = 0;
@@ -274,7 +292,7 @@ struct ragged_all_to_all_op {
       if (arrays[f].dimension() != vec + 1 || arrays[f].shape()[0] != peers)
         fail("namedax::", verb, ": ", ragged_fields[f], " has positional shape ",
              dims_t(arrays[f].shape().begin(), arrays[f].shape().end() - vec), " and input_offsets ", dims_t{peers},
-             "; give four 1-D integer arrays of one length, one entry per peer");
+             "; give four 1-D integer arrays of one length, a multiple of the axis (or group) size");
     dims_t packed_shape{4, peers};
     packed_shape.insert(packed_shape.end(), trailing.begin(), trailing.end());
     auto packed = xt::xarray<std::int64_t>::from_shape(packed_shape);
