@@ -7,12 +7,12 @@
 #include <namedax/detail/kernels.hpp>
 
 #include <cblas.h>
+#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -39,24 +39,27 @@ struct gemm_problem {
   std::vector<gemm_dim> contracted;  // in x and y: gemm's K
 };
 
-// OpenBLAS keeps one thread count for the whole process. A pmap already runs one device per
-// thread, so gemms on device threads run on one thread each: the first device gemm to start
-// sets OpenBLAS to 1 thread and the last to finish restores the count it found.
-class blas_device_threads {
+// OpenBLAS's sum depends on how many threads share a gemm (measured: 1 and 2 threads give
+// different bits for 1000 x 700 x 33), and a pmap device must not start threads of its own.
+// So namedax runs every gemm on one OpenBLAS thread, over a fixed grid of output tiles that
+// does not depend on the thread count, and spreads the tiles over threads itself (off device
+// threads). OpenBLAS keeps one thread count for the whole process: the first namedax gemm to
+// start sets it to 1 and the last to finish restores the count it found.
+class blas_one_thread {
  public:
-  blas_device_threads() {
+  blas_one_thread() {
     std::lock_guard lock(state().mutex);
     if (state().active++ == 0) {
       state().saved = openblas_get_num_threads();
       openblas_set_num_threads(1);
     }
   }
-  ~blas_device_threads() {
+  ~blas_one_thread() {
     std::lock_guard lock(state().mutex);
     if (--state().active == 0) openblas_set_num_threads(state().saved);
   }
-  blas_device_threads(const blas_device_threads&) = delete;
-  blas_device_threads& operator=(const blas_device_threads&) = delete;
+  blas_one_thread(const blas_one_thread&) = delete;
+  blas_one_thread& operator=(const blas_one_thread&) = delete;
 
  private:
   struct shared {
@@ -69,6 +72,11 @@ class blas_device_threads {
     return s;
   }
 };
+
+/// The output of one gemm is cut along its longer side (M or N) into strips of gemm_tile, the
+/// other side whole: a cut fixed by M and N alone, wide enough for OpenBLAS's blocking, and
+/// narrow enough that a 512 x 512 product keeps two cores busy.
+inline constexpr std::size_t gemm_tile = 256;
 
 inline std::size_t group_size(std::span<const gemm_dim> dims) {
   std::size_t n = 1;
@@ -154,6 +162,40 @@ void gemm_call(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, co
     cblas_dgemm(CblasRowMajor, t(ta), t(tb), i(m), i(n), i(k), 1.0, a, i(lda), b, i(ldb), 0.0, c, i(ldc));
 }
 
+/// One gemm's operands, as gemm_call takes them.
+template <class T>
+struct gemm_args {
+  bool ta, tb;
+  std::size_t m, n, k;
+  const T* a;
+  std::size_t lda;
+  const T* b;
+  std::size_t ldb;
+  T* c;
+  std::size_t ldc;
+};
+
+/// C = A B as strips of C (see gemm_tile), each its own one-thread gemm followed by
+/// `after(row, col, rows, cols)` of the strip: the strips in parallel on the calling thread's
+/// tbb arena, or in turn on a device thread.
+template <GemmScalar T, class After>
+void gemm_tiled(const gemm_args<T>& g, bool on_device, const After& after) {
+  const bool by_rows = g.m >= g.n;
+  const std::size_t strips = ((by_rows ? g.m : g.n) + gemm_tile - 1) / gemm_tile;
+  auto strip = [&](std::size_t t) {
+    const std::size_t r = by_rows ? t * gemm_tile : 0, c = by_rows ? 0 : t * gemm_tile;
+    const std::size_t m = by_rows ? std::min(gemm_tile, g.m - r) : g.m, n = by_rows ? g.n : std::min(gemm_tile, g.n - c);
+    gemm_call<T>(g.ta, g.tb, m, n, g.k, g.a + (g.ta ? r : r * g.lda), g.lda, g.b + (g.tb ? c * g.ldb : c), g.ldb,
+                 g.c + r * g.ldc + c, g.ldc);
+    after(r, c, m, n);
+  };
+  if (on_device || strips <= 1) {
+    for (std::size_t t = 0; t < strips; ++t) strip(t);
+  } else {
+    tbb::parallel_for(std::size_t{0}, strips, strip);
+  }
+}
+
 /// An operand of one gemm: where it is read from, packing it first when its layout needs it.
 template <GemmScalar T, std::ptrdiff_t gemm_dim::*Stride>
 class gemm_input {
@@ -187,7 +229,7 @@ inline bool gemm_fits(const gemm_problem& p) {
   return true;
 }
 
-/// out = the contraction of x and y, one gemm per batch item with the same M, N, K and
+/// out = the contraction of x and y, one tiled gemm per batch item with the same M, N, K and
 /// transpose flags wherever the item comes from (a vmap's slice or a pmap device's payload).
 /// `out` is the row-major output of `out_size` elements; `on_device`: called on a device thread.
 template <GemmScalar T>
@@ -210,9 +252,11 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
   strides_t c_strides, c_out_strides;
   if (!c_in_place)
     packed_strides<&gemm_dim::out>(p.left, p.right, false, c_out_strides, c_shape, c_strides);
+  // Where M and N are each one line of the output, each strip is scattered by its own task.
+  const std::ptrdiff_t out_m = merged_stride<&gemm_dim::out>(p.left), out_n = merged_stride<&gemm_dim::out>(p.right);
+  const bool scatter_strips = !c_in_place && out_m >= 0 && out_n >= 0;
 
-  std::optional<blas_device_threads> one_thread;
-  if (on_device) one_thread.emplace();
+  const blas_one_thread one_thread;
   std::vector<std::size_t> index(p.batch.size(), 0);
   for (std::size_t item = 0; item < items; ++item) {
     std::ptrdiff_t ox = 0, oy = 0, oo = 0;
@@ -220,10 +264,20 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
       const auto i = static_cast<std::ptrdiff_t>(index[d]);
       ox += i * p.batch[d].x, oy += i * p.batch[d].y, oo += i * p.batch[d].out;
     }
+    auto scatter_strip = [&](std::size_t r, std::size_t col, std::size_t rows, std::size_t cols) {
+      if (!scatter_strips) return;
+      const auto sr = static_cast<std::ptrdiff_t>(r), sc = static_cast<std::ptrdiff_t>(col);
+      const strided_block<T> strip{c_buffer.data() + r * n + col, {rows, cols},
+                                   {rows == 1 ? 0 : static_cast<std::ptrdiff_t>(n), cols == 1 ? 0 : 1}};
+      const std::ptrdiff_t to[] = {rows == 1 ? 0 : out_m, cols == 1 ? 0 : out_n};
+      copy_strided(strip, out + oo + sr * out_m + sc * out_n, to);
+    };
     T* target = c_in_place ? out + oo : c_buffer.data();
-    gemm_call<T>(a.trans(), b.trans(), m, n, k, a.at(x + ox), a.ld(), b.at(y + oy), b.ld(), target,
-                 c_in_place ? c.ld : std::max<std::size_t>(n, 1));
-    if (!c_in_place) copy_strided(strided_block<T>{c_buffer.data(), c_shape, c_strides}, out + oo, c_out_strides);
+    gemm_tiled<T>({a.trans(), b.trans(), m, n, k, a.at(x + ox), a.ld(), b.at(y + oy), b.ld(), target,
+                   c_in_place ? c.ld : std::max<std::size_t>(n, 1)},
+                  on_device, scatter_strip);
+    if (!c_in_place && !scatter_strips)
+      copy_strided(strided_block<T>{c_buffer.data(), c_shape, c_strides}, out + oo, c_out_strides);
     for (std::size_t d = p.batch.size(); d-- > 0;) {  // the next batch index, row-major
       if (++index[d] < p.batch[d].size) break;
       index[d] = 0;
