@@ -20,7 +20,9 @@ struct ragged_all_to_all_options {
 /// written into j's `output` from row `output_offsets[j]` on (the sender says where its chunk
 /// lands in the receiver). `recv_sizes[j]` is what i receives from j and must equal what j
 /// sends to i. Rows of `output` that nobody writes keep their values. The four integer arrays
-/// have one entry per index of the axis (of the group), as named values or plain arrays.
+/// (named values or plain arrays, int32 as in JAX) have one length K, a multiple of the axis
+/// (or group) size N: entry e concerns the peer at position e / (K / N), so each pair of
+/// indices may exchange K / N slices. Where received chunks overlap, the later sender wins.
 ///
 /// JAX's example, two indices along "x", each row a scalar:
 ///   index 0: operand [1, 2, 2], output [0, 0, 0, 0], input_offsets [0, 1], send_sizes [1, 2],

@@ -450,6 +450,15 @@ TEST_SUITE("what each process passes and receives") {
         },
         std::tuple{split(op), split(out), split(io), split(ss), split(oo), split(rs)});
   }
+  TEST_CASE("all_gather_v: the counted rows of every process, in order, on every process") {
+    std::mt19937 rng(9);
+    const std::size_t n = processes;
+    const auto x = whole_numbers<float>(rng, {n, 3, 2});
+    xt::xarray<std::int32_t> count = xt::zeros<std::int32_t>(std::vector<std::size_t>{n});
+    for (std::size_t k = 0; k < n; ++k) count(k) = static_cast<std::int32_t>((k * 7 + 1) % 4);
+    auto f = [](auto v, auto c) { return namedax::pvary(namedax::all_gather_v(v, c, "i"_ax), "i"_ax); };
+    check_like_vmap(f, 0, x, count);
+  }
   TEST_CASE("ragged_all_to_all: recv_sizes that disagree are the same error on every process") {
     const std::size_t n = processes;
     const std::vector<std::size_t> rows{n, 2}, square{n, n};
