@@ -44,6 +44,15 @@ struct ragged_all_to_all_fn {
     return detail::when_resolved(detail::ragged_all_to_all_op<ragged_all_to_all_fn, A>{axes, options.axis_index_groups},
                                  operand, output, input_offsets, send_sizes, output_offsets, recv_sizes);
   }
+  /// Another collective's options: the first error line says which options this one takes.
+  template <class X, class O, class IO, class SS, class OO, class RS, AxisArgument A,
+            class Options = detail::foreign_option_fields>
+    requires(!std::convertible_to<const Options&, ragged_all_to_all_options>)
+  X operator()(const X& operand, const O&, const IO&, const SS&, const OO&, const RS&, const A&, const Options&) const {
+    static_assert(detail::wrong_options<Options>,
+                  "namedax: ragged_all_to_all takes namedax::ragged_all_to_all_options ({.axis_index_groups})");
+    return operand;  // only the assertion above is reported
+  }
 };
 inline constexpr ragged_all_to_all_fn ragged_all_to_all{};
 
