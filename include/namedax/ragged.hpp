@@ -59,8 +59,7 @@ inline constexpr ragged_all_to_all_fn ragged_all_to_all{};
 /// The v-variant of all_gather (MPI_Allgatherv): each index contributes its first `count`
 /// rows of `x` (its other rows are padding), and every index gets all of them concatenated
 /// along dim 0 in index order, `count_0 + count_1 + ...` rows. The counts, int32 named values,
-/// are learned in the exchange. Every index holds
-/// the same result. Under a vmap over other axes whose elements gather different totals,
+/// are learned in the exchange. Every index holds the same result. Under a vmap over other axes whose elements gather different totals,
 /// each element's rows are padded with zeros to the largest total.
 ///   // along "i" of size 3: x = [[a, b], [c, _], [d, e]], count = [2, 1, 2]
 ///   all_gather_v(x, count, "i"_ax)  // [a, b, c, d, e] on every index
