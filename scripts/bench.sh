@@ -12,7 +12,8 @@
 # OpenMPI (libopenmpi-dev, openmpi-bin) is installed by scripts/setup.sh; where CMake finds no
 # MPI the MPI baselines are left out and their target lines say "no data". Last, the overhead
 # of namedax over MPI against the raw MPI calls (benchmarks/mpi_overhead.cpp), with namedax's
-# per-call agreement on and off.
+# per-call agreement on and off. Also the local reductions (benchmarks/local_ops.cpp) and the
+# contractions through OpenBLAS (benchmarks/contractions.cpp), each against same-run baselines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,7 +47,7 @@ have_mpi=1
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DNAMEDAX_BUILD_TESTS=OFF -DNAMEDAX_BUILD_EXAMPLES=OFF \
   -DNAMEDAX_BUILD_BENCHMARKS=ON >/dev/null
-targets=(device_collectives vectorized_collectives local_ops)
+targets=(device_collectives vectorized_collectives local_ops contractions)
 build_targets=$(cmake --build "$build" --target help)  # mpi_baseline exists only where CMake found MPI
 if [ "$have_mpi" -eq 1 ] && [[ "$build_targets" == *mpi_baseline* ]]; then
   targets+=(mpi_baseline mpi_overhead)
@@ -105,6 +106,10 @@ start=$(date +%s)
   # Local reductions and scans under vmap against xt::sum and hand loops (smaller with --quick).
   if [ "$quick" -eq 1 ]; then "$build/benchmarks/local_ops" --axis 16 --rows 1024 --cols 1024
   else "$build/benchmarks/local_ops" --axis 16 --rows 4096 --cols 1024; fi
+  echo
+  # xeinsum matmuls through OpenBLAS under vmap and pmap against cblas_sgemm (2048 left out with --quick).
+  if [ "$quick" -eq 1 ]; then "$build/benchmarks/contractions" --sizes 512 --batches 1,4 --devices 2,4
+  else "$build/benchmarks/contractions" --sizes 512,2048 --batches 1,4 --devices 2,4; fi
   python3 benchmarks/report.py "$results"
   if [ "$have_mpi" -eq 1 ]; then
     overhead_sizes="1024,65536,1048576,16777216"
