@@ -95,7 +95,7 @@ auto matmul = [](auto x, auto w) { return namedax::xeinsum<"ij,jk->ik">(x, w); }
 void vmap_case(std::size_t s, std::size_t b, bool with_naive) {
   const auto x = matrices(b, s, 1), w = matrices(b, s, 2);
   xt::xarray<float> c = xt::zeros<float>({b, s, s});
-  const int rounds = s >= 2048 ? 3 : 8;
+  const int rounds = s >= 2048 ? 3 : 15;
   const auto [t_namedax, t_blas] = best_alternating(
       rounds,
       [&] {
@@ -118,7 +118,7 @@ void vmap_case(std::size_t s, std::size_t b, bool with_naive) {
 void pmap_case(std::size_t s, std::size_t d, bool with_naive) {
   const auto x = matrices(d, s, 1), w = matrices(d, s, 2);
   xt::xarray<float> c = xt::zeros<float>({d, s, s});
-  const int rounds = s >= 2048 ? 3 : 8;
+  const int rounds = s >= 2048 ? 3 : 15;
   // d threads, each a one-thread sgemm on its own matrices: the devices' thread count.
   auto on_threads = [&](auto kernel) {
     std::vector<std::thread> team;

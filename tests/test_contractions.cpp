@@ -382,7 +382,8 @@ TEST_SUITE("contractions through gemm") {
     // OpenBLAS's own threads change its sums (1 and 2 threads differ at 1000 x 700 x 33);
     // namedax's strips of 256 rows or columns do not depend on the thread count.
     std::mt19937 rng(25);
-    for (auto [m, k, n] : std::vector<std::array<std::size_t, 3>>{{1000, 700, 33}, {300, 700, 530}, {40, 900, 700}}) {
+    for (auto shape : std::vector<std::array<std::size_t, 3>>{{1000, 700, 33}, {300, 700, 530}, {40, 900, 700}}) {
+      const std::size_t m = shape[0], k = shape[1], n = shape[2];  // named copies: clang captures no bindings
       CAPTURE(m);
       CAPTURE(n);
       auto x = namedax_test::random_array<float>(rng, {2, m, k});

@@ -10,6 +10,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstddef>
 #include <mutex>
@@ -175,24 +176,36 @@ struct gemm_args {
   std::size_t ldc;
 };
 
-/// C = A B as strips of C (see gemm_tile), each its own one-thread gemm followed by
-/// `after(row, col, rows, cols)` of the strip: the strips in parallel on the calling thread's
-/// tbb arena, or in turn on a device thread.
-template <GemmScalar T, class After>
-void gemm_tiled(const gemm_args<T>& g, bool on_device, const After& after) {
-  const bool by_rows = g.m >= g.n;
-  const std::size_t strips = ((by_rows ? g.m : g.n) + gemm_tile - 1) / gemm_tile;
-  auto strip = [&](std::size_t t) {
-    const std::size_t r = by_rows ? t * gemm_tile : 0, c = by_rows ? 0 : t * gemm_tile;
-    const std::size_t m = by_rows ? std::min(gemm_tile, g.m - r) : g.m, n = by_rows ? g.n : std::min(gemm_tile, g.n - c);
-    gemm_call<T>(g.ta, g.tb, m, n, g.k, g.a + (g.ta ? r : r * g.lda), g.lda, g.b + (g.tb ? c * g.ldb : c), g.ldb,
-                 g.c + r * g.ldc + c, g.ldc);
-    after(r, c, m, n);
-  };
-  if (on_device || strips <= 1) {
-    for (std::size_t t = 0; t < strips; ++t) strip(t);
+/// One strip of a gemm's output: rows [r, r + m) and columns [c, c + n).
+struct gemm_strip {
+  std::size_t r, c, m, n;
+};
+
+inline std::size_t strip_count(std::size_t m, std::size_t n) {
+  return (std::max(m, n) + gemm_tile - 1) / gemm_tile;
+}
+
+inline gemm_strip strip_of(std::size_t m, std::size_t n, std::size_t t) {
+  const std::size_t from = t * gemm_tile;
+  if (m >= n) return {from, 0, std::min(gemm_tile, m - from), n};
+  return {0, from, m, std::min(gemm_tile, n - from)};
+}
+
+/// The strip `s` of C = A B, written at `c` with leading dimension `ldc`.
+template <GemmScalar T>
+void gemm_strip_call(const gemm_args<T>& g, const gemm_strip& s, T* c, std::size_t ldc) {
+  gemm_call<T>(g.ta, g.tb, s.m, s.n, g.k, g.a + (g.ta ? s.r : s.r * g.lda), g.lda, g.b + (g.tb ? s.c * g.ldb : s.c),
+               g.ldb, c, ldc);
+}
+
+/// f(0), ..., f(count - 1): in parallel on the calling thread's tbb arena, or in turn on a
+/// device thread (which must not start threads of its own).
+template <class F>
+void for_each_task(std::size_t count, bool on_device, const F& f) {
+  if (on_device || count <= 1) {
+    for (std::size_t t = 0; t < count; ++t) f(t);
   } else {
-    tbb::parallel_for(std::size_t{0}, strips, strip);
+    tbb::parallel_for(std::size_t{0}, count, f);
   }
 }
 
@@ -213,6 +226,7 @@ class gemm_input {
     return buffer_.data();
   }
   [[nodiscard]] bool trans() const { return layout_.trans; }
+  [[nodiscard]] bool in_place() const { return layout_.in_place; }
   [[nodiscard]] std::size_t ld() const { return layout_.ld; }
 
  private:
@@ -229,13 +243,14 @@ inline bool gemm_fits(const gemm_problem& p) {
   return true;
 }
 
-/// out = the contraction of x and y, one tiled gemm per batch item with the same M, N, K and
-/// transpose flags wherever the item comes from (a vmap's slice or a pmap device's payload).
-/// `out` is the row-major output of `out_size` elements; `on_device`: called on a device thread.
+/// out = the contraction of x and y, one gemm per batch item with the same M, N, K and
+/// transpose flags wherever the item comes from (a vmap's slice or a pmap device's payload),
+/// cut into the same strips. `out` is the row-major output of `out_size` elements;
+/// `on_device`: called on a device thread.
 template <GemmScalar T>
 void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::size_t out_size, bool on_device) {
   const std::size_t m = group_size(p.left), n = group_size(p.right), k = group_size(p.contracted);
-  const std::size_t items = group_size(p.batch);
+  const std::size_t items = group_size(p.batch), strips = strip_count(m, n);
   if (out_size == 0) return;
   if (k == 0) {  // an empty sum
     std::fill_n(out, out_size, T{});
@@ -244,44 +259,57 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
   gemm_input<T, &gemm_dim::x> a(p.left, p.contracted);
   gemm_input<T, &gemm_dim::y> b(p.contracted, p.right);
   // The output is fresh row-major memory: gemm writes it in place when its M x N block is
-  // row-major, else into a buffer that is then scattered.
+  // row-major; else each strip goes to a buffer of its task and is scattered from there, or,
+  // when M or N is not one line of the output, the whole item goes to a buffer first.
   const gemm_operand c = choose_layout<&gemm_dim::out>(p.left, p.right);
   const bool c_in_place = c.in_place && !c.trans;
-  std::vector<T> c_buffer(c_in_place ? 0 : m * n);
-  dims_t c_shape;
-  strides_t c_strides, c_out_strides;
-  if (!c_in_place)
-    packed_strides<&gemm_dim::out>(p.left, p.right, false, c_out_strides, c_shape, c_strides);
-  // Where M and N are each one line of the output, each strip is scattered by its own task.
   const std::ptrdiff_t out_m = merged_stride<&gemm_dim::out>(p.left), out_n = merged_stride<&gemm_dim::out>(p.right);
   const bool scatter_strips = !c_in_place && out_m >= 0 && out_n >= 0;
+  std::vector<T> c_buffer(c_in_place || scatter_strips ? 0 : m * n);
+  dims_t c_shape;
+  strides_t c_strides, c_out_strides;
+  if (!c_in_place && !scatter_strips)
+    packed_strides<&gemm_dim::out>(p.left, p.right, false, c_out_strides, c_shape, c_strides);
+
+  auto offsets = [&](std::size_t item) {  // of batch item `item` (row-major) in x, y and out
+    std::array<std::ptrdiff_t, 3> o{};
+    for (std::size_t d = p.batch.size(); d-- > 0;) {
+      const auto i = static_cast<std::ptrdiff_t>(item % p.batch[d].size);
+      item /= p.batch[d].size;
+      o[0] += i * p.batch[d].x, o[1] += i * p.batch[d].y, o[2] += i * p.batch[d].out;
+    }
+    return o;
+  };
+  auto strip = [&](std::ptrdiff_t to, std::size_t t, const T* pa, const T* pb) {
+    const gemm_args<T> g{a.trans(), b.trans(), m, n, k, pa, a.ld(), pb, b.ld(), nullptr, 0};
+    const gemm_strip s = strip_of(m, n, t);
+    if (c_in_place) return gemm_strip_call<T>(g, s, out + to + s.r * c.ld + s.c, c.ld);
+    if (!scatter_strips) return gemm_strip_call<T>(g, s, c_buffer.data() + s.r * n + s.c, std::max<std::size_t>(n, 1));
+    thread_local std::vector<T> local;
+    local.resize(s.m * s.n);
+    gemm_strip_call<T>(g, s, local.data(), std::max<std::size_t>(s.n, 1));
+    const strided_block<T> from{local.data(), {s.m, s.n},
+                                {s.m == 1 ? 0 : static_cast<std::ptrdiff_t>(s.n), s.n == 1 ? 0 : 1}};
+    const std::ptrdiff_t at[] = {s.m == 1 ? 0 : out_m, s.n == 1 ? 0 : out_n};
+    copy_strided(from, out + to + static_cast<std::ptrdiff_t>(s.r) * out_m + static_cast<std::ptrdiff_t>(s.c) * out_n, at);
+  };
 
   const blas_one_thread one_thread;
-  std::vector<std::size_t> index(p.batch.size(), 0);
+  if (a.in_place() && b.in_place() && (c_in_place || scatter_strips)) {
+    // Nothing shared to pack: every strip of every item is a task of its own.
+    for_each_task(items * strips, on_device, [&](std::size_t task) {
+      const auto o = offsets(task / strips);
+      strip(o[2], task % strips, x + o[0], y + o[1]);
+    });
+    return;
+  }
   for (std::size_t item = 0; item < items; ++item) {
-    std::ptrdiff_t ox = 0, oy = 0, oo = 0;
-    for (std::size_t d = 0; d < p.batch.size(); ++d) {
-      const auto i = static_cast<std::ptrdiff_t>(index[d]);
-      ox += i * p.batch[d].x, oy += i * p.batch[d].y, oo += i * p.batch[d].out;
-    }
-    auto scatter_strip = [&](std::size_t r, std::size_t col, std::size_t rows, std::size_t cols) {
-      if (!scatter_strips) return;
-      const auto sr = static_cast<std::ptrdiff_t>(r), sc = static_cast<std::ptrdiff_t>(col);
-      const strided_block<T> strip{c_buffer.data() + r * n + col, {rows, cols},
-                                   {rows == 1 ? 0 : static_cast<std::ptrdiff_t>(n), cols == 1 ? 0 : 1}};
-      const std::ptrdiff_t to[] = {rows == 1 ? 0 : out_m, cols == 1 ? 0 : out_n};
-      copy_strided(strip, out + oo + sr * out_m + sc * out_n, to);
-    };
-    T* target = c_in_place ? out + oo : c_buffer.data();
-    gemm_tiled<T>({a.trans(), b.trans(), m, n, k, a.at(x + ox), a.ld(), b.at(y + oy), b.ld(), target,
-                   c_in_place ? c.ld : std::max<std::size_t>(n, 1)},
-                  on_device, scatter_strip);
+    const auto o = offsets(item);
+    const T* pa = a.at(x + o[0]);
+    const T* pb = b.at(y + o[1]);
+    for_each_task(strips, on_device, [&](std::size_t t) { strip(o[2], t, pa, pb); });
     if (!c_in_place && !scatter_strips)
-      copy_strided(strided_block<T>{c_buffer.data(), c_shape, c_strides}, out + oo, c_out_strides);
-    for (std::size_t d = p.batch.size(); d-- > 0;) {  // the next batch index, row-major
-      if (++index[d] < p.batch[d].size) break;
-      index[d] = 0;
-    }
+      copy_strided(strided_block<T>{c_buffer.data(), c_shape, c_strides}, out + o[2], c_out_strides);
   }
 }
 
