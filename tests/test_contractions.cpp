@@ -390,6 +390,10 @@ TEST_SUITE("contractions through gemm") {
       auto w = namedax_test::random_array<float>(rng, {k, n});
       auto f = [&](auto x) { return namedax::xeinsum<"ij,jk->ik">(x, w); };
       CHECK_BITWISE(namedax::vmap<"n">(f)(x), namedax::pmap<"n">(f)(x));
+      // x * 2 is fresh memory with "n" innermost under vmap (packed for gemm), and a
+      // contiguous matrix on a device (read in place): the same bits still.
+      auto g = [&](auto x) { return namedax::xeinsum<"ij,jk->ik">(x * 2.f, w); };
+      CHECK_BITWISE(namedax::vmap<"n">(g)(x), namedax::pmap<"n">(g)(x));
     }
   }
 

@@ -118,9 +118,10 @@ struct gemm_operand {
   std::size_t ld = 1;
 };
 
-// The layout depends only on the sizes and on which group is read fastest, never on where the
-// operand's memory sits, so that a vmap (strides times n) and a pmap device choose the same
-// transpose flags and so the same gemm.
+// The transpose flag depends only on the sizes and on which group is read fastest, not on the
+// strides' values, so that a vmap (whose positional strides are a pmap device's times n, or
+// the same) and a pmap device choose the same flags and so the same gemm; only whether the
+// operand is read in place or packed first may differ, and gemm packs its inputs either way.
 template <std::ptrdiff_t gemm_dim::*Stride>
 gemm_operand choose_layout(std::span<const gemm_dim> rows, std::span<const gemm_dim> cols) {
   const std::size_t r = group_size(rows), c = group_size(cols);
@@ -135,10 +136,11 @@ gemm_operand choose_layout(std::span<const gemm_dim> rows, std::span<const gemm_
   return op;
 }
 
-/// The strides, for copy_strided, that store rows x cols in `op`'s layout, packed.
+/// The shape and strides, for copy_strided, that copy rows x cols from an operand
+/// (`in_strides`) into a packed buffer of the layout `trans` (`out_strides`).
 template <std::ptrdiff_t gemm_dim::*Stride>
-void packed_strides(std::span<const gemm_dim> rows, std::span<const gemm_dim> cols, bool trans,
-                                   strides_t& in_strides, dims_t& shape, strides_t& out_strides) {
+void packed_strides(std::span<const gemm_dim> rows, std::span<const gemm_dim> cols, bool trans, strides_t& in_strides,
+                    dims_t& shape, strides_t& out_strides) {
   const std::size_t r = group_size(rows), c = group_size(cols);
   auto add = [&](std::span<const gemm_dim> dims, std::ptrdiff_t scale) {
     std::ptrdiff_t s = scale;
@@ -163,7 +165,7 @@ void gemm_call(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, co
     cblas_dgemm(CblasRowMajor, t(ta), t(tb), i(m), i(n), i(k), 1.0, a, i(lda), b, i(ldb), 0.0, c, i(ldc));
 }
 
-/// One gemm's operands, as gemm_call takes them.
+/// One gemm's inputs, as gemm_call takes them; the output is given per strip.
 template <class T>
 struct gemm_args {
   bool ta, tb;
@@ -172,8 +174,6 @@ struct gemm_args {
   std::size_t lda;
   const T* b;
   std::size_t ldb;
-  T* c;
-  std::size_t ldc;
 };
 
 /// One strip of a gemm's output: rows [r, r + m) and columns [c, c + n).
@@ -281,7 +281,7 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
     return o;
   };
   auto strip = [&](std::ptrdiff_t to, std::size_t t, const T* pa, const T* pb) {
-    const gemm_args<T> g{a.trans(), b.trans(), m, n, k, pa, a.ld(), pb, b.ld(), nullptr, 0};
+    const gemm_args<T> g{a.trans(), b.trans(), m, n, k, pa, a.ld(), pb, b.ld()};
     const gemm_strip s = strip_of(m, n, t);
     if (c_in_place) return gemm_strip_call<T>(g, s, out + to + s.r * c.ld + s.c, c.ld);
     if (!scatter_strips) return gemm_strip_call<T>(g, s, c_buffer.data() + s.r * n + s.c, std::max<std::size_t>(n, 1));
