@@ -291,7 +291,8 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
     const strided_block<T> from{local.data(), {s.m, s.n},
                                 {s.m == 1 ? 0 : static_cast<std::ptrdiff_t>(s.n), s.n == 1 ? 0 : 1}};
     const std::ptrdiff_t at[] = {s.m == 1 ? 0 : out_m, s.n == 1 ? 0 : out_n};
-    copy_strided(from, out + to + static_cast<std::ptrdiff_t>(s.r) * out_m + static_cast<std::ptrdiff_t>(s.c) * out_n, at);
+    const auto r = static_cast<std::ptrdiff_t>(s.r), col = static_cast<std::ptrdiff_t>(s.c);
+    copy_strided(from, out + to + r * out_m + col * out_n, at);
   };
 
   const blas_one_thread one_thread;

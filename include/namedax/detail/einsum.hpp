@@ -21,7 +21,8 @@ namespace namedax::detail {
 template <class R>
 std::optional<gemm_problem> einsum_as_gemm(std::span<const strided_block<R>> blocks,
                                            std::span<const std::string_view> subscripts, std::string_view output,
-                                           std::string_view contracted, std::size_t vec, std::span<const std::size_t> shape,
+                                           std::string_view contracted, std::size_t vec,
+                                           std::span<const std::size_t> shape,
                                            std::span<const std::ptrdiff_t> out_strides) {
   if (blocks.size() != 2) return std::nullopt;
   const auto &x = blocks[0], &y = blocks[1];
@@ -53,7 +54,8 @@ std::optional<gemm_problem> einsum_as_gemm(std::span<const strided_block<R>> blo
     }
   for (std::size_t v = 0; v < vec; ++v) {
     const std::size_t d = output.size() + v, dx = xs.size() + v, dy = ys.size() + v;
-    p.batch.push_back({shape[d], x.shape[dx] == 1 ? 0 : x.strides[dx], y.shape[dy] == 1 ? 0 : y.strides[dy], out_strides[d]});
+    p.batch.push_back(
+        {shape[d], x.shape[dx] == 1 ? 0 : x.strides[dx], y.shape[dy] == 1 ? 0 : y.strides[dy], out_strides[d]});
   }
   if (!gemm_fits(p)) return std::nullopt;
   return p;

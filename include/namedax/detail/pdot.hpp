@@ -15,8 +15,8 @@ using dimension_pairs = std::pair<std::vector<int>, std::vector<int>>;
 
 /// out[batch..., x free..., y free..., vectorized...] = sum over the contracted dims, in
 /// row-major order of them, of x * y. `x` and `y` have `x_rank` and `y_rank` positional dims
-/// followed by the same number of vectorized dims (each of size n or 1). float and double go
-/// through gemm, one call per batch item (positional batch dims and vectorized dims alike),
+/// followed by the same number of vectorized dims (each of size n or 1). Two float or two
+/// double operands go through gemm, one call per batch item (positional batch dims and vectorized dims alike),
 /// which sums in its own order; other types sum in row-major order of the contracted dims.
 /// `on_device`: called on a pmap device thread.
 template <class T, class X, class Y>
@@ -65,13 +65,15 @@ xt::xarray<T> dot_general(std::string_view verb, const strided_block<X>& x, std:
   const auto out_strides = row_major_strides(shape);
   if constexpr (GemmScalar<T> && std::is_same_v<X, T> && std::is_same_v<Y, T>) {
     // The output's dims: batch pairs, x's free dims (M), y's free dims (N), vectorized dims.
-    const std::size_t free_x_end = x_rank - contract.first.size(), free_y_end = free_x_end + y_rank - batch.first.size() - contract.first.size();
+    const std::size_t free_x_end = x_rank - contract.first.size();
+    const std::size_t free_y_end = free_x_end + y_rank - batch.first.size() - contract.first.size();
     gemm_problem p;
     for (std::size_t d = 0; d < shape.size(); ++d) {
       const gemm_dim g{shape[d], xs[d], ys[d], out_strides[d]};
       (d < batch.first.size() || d >= free_y_end ? p.batch : d < free_x_end ? p.left : p.right).push_back(g);
     }
-    for (std::size_t k = 0; k < contract_shape.size(); ++k) p.contracted.push_back({contract_shape[k], xc[k], yc[k], 0});
+    for (std::size_t k = 0; k < contract_shape.size(); ++k)
+      p.contracted.push_back({contract_shape[k], xc[k], yc[k], 0});
     if (gemm_fits(p)) {
       gemm_contract<T>(p, x.data, y.data, out.data(), out.size(), on_device);
       return out;
