@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // all_gather's rule, both modes: the output at a rank stacks (or, tiled, concatenates) its
 // group's members along a positional axis, in group order.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/collective_frame.hpp>

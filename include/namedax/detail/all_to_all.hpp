@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // all_to_all's rule, both modes: the rank at position p of its group takes chunk p (along
 // split_axis) of every member k of the group and puts it at position k along concat_axis.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/all_gather.hpp>

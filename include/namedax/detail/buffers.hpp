@@ -5,6 +5,7 @@
 // output of the same element type and size takes it: a collective called in a loop writes
 // into memory it already touched. The array objects and the shared_ptr control blocks of
 // results are recycled too, so that a collective called again allocates nothing.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <xtensor/xarray.hpp>

@@ -3,6 +3,7 @@
 // the payload at r's coordinates (row-major over the axes as given), read in place along
 // vectorized axes and from another device's buffer along device axes. Every rule computes
 // its outputs from these members, so vmap and pmap agree bit for bit.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/kernels.hpp>

@@ -7,6 +7,7 @@
 // the communicator. The leaves of a pytree are reduced in one exchange. An all_gather copies
 // each member once, by its own device. Each returns nothing when its case does not apply;
 // the rule (reduction.hpp, all_gather.hpp) then runs.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/all_gather.hpp>

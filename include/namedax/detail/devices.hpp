@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Runs one body per simulated device, all at once: oneTBB tasks, with a thread of its own for
 // any device TBB has not started shortly, since blocking rendezvous need every device running.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/rendezvous.hpp>

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // xeinsum's positional part, the same on every caller: the sum over the subscripts missing
 // from the output of the product of the operands, elementwise over the vectorized dims.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/blas.hpp>

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // einsum_spec<"ij{i},jk{i}->ik">: an xeinsum spec parsed at compile time into each operand's
 // positional subscripts and named axes, with one diagnostic per kind of mistake.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/axis.hpp>

@@ -2,6 +2,7 @@
 // Fault injection: the points of a collective where a test makes one device fail, on purpose
 // rather than by luck (tests/test_faults.cpp), to prove that every device then gets an error
 // and that nothing crashes or hangs.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <atomic>

@@ -2,6 +2,7 @@
 // Loops every rule shares: strided line iteration, the fixed-order fold of several members,
 // strided copies, and the allocation of outputs, on raw pointers so that no xtensor stepper
 // sits on a hot path; the hot loops on xsimd batches, with the scalar loops' bits.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <algorithm>

@@ -2,6 +2,7 @@
 // The body of a map: its arguments checked and viewed per index (map_call), then one runner
 // per placement: vectorized (one call, the axis a trailing dim), devices (one thread per
 // index) and processes (one MPI process per index). Results are stacked leaf by leaf.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/devices.hpp>

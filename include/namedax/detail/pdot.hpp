@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // pdot's positional part, the same on every caller: a dot_general of two payloads that share
 // their trailing vectorized dims (broadcast by name); the named contraction is a psum after it.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/blas.hpp>

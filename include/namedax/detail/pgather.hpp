@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // pgather's rule, both modes: each index value picks one element along the gathered axes
 // (row-major over names and positional axes in the order written), from whichever member holds it.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/all_gather.hpp>

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // ppermute's rule, both modes: each rank receives the member its (source, destination) pair
 // names, or zeros when no pair sends to it.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/all_gather.hpp>

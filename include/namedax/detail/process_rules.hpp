@@ -5,6 +5,7 @@
 // MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Sendrecv; for pbroadcast an MPI_Allreduce of
 // bytes) instead of gathering every member
 // for the shared rule. Each returns nothing when its case does not apply; the rule then runs.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/collective_frame.hpp>

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // psum_scatter's rule, both modes: the rank at position p of its group sums chunk p of its
 // group's members along scatter_dimension (a reduce-scatter).
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/all_gather.hpp>

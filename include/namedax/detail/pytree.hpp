@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Pytrees: std::tuple, std::pair, std::array and Boost.Hana structs of values, nested. The
 // collectives map over their leaves; the maps flatten them to leaves and build them again.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/named_shape.hpp>

@@ -2,6 +2,7 @@
 // psum, pmean, pmax and pmin: the batching rule (a positional fold over the vectorized
 // dimensions) and the device rule (an exchange of buffers among device threads) side by side,
 // sharing one fold so that both modes combine values in the same order, bit for bit.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/collective_frame.hpp>

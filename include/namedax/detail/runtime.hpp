@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The runtime axis environment of a thread: one frame per enclosing map, with sizes, and for
 // device axes the index of this device and the world its devices share.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/error.hpp>

@@ -2,6 +2,7 @@
 // The body of shard_map: partition specs as compile-time layouts, the arguments' dims split
 // into (mesh axes..., block) by strided views, one map per mesh axis nested in mesh order,
 // and the results' stacked dims merged back by a reshape.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/map.hpp>

@@ -3,6 +3,7 @@
 // cotangent the same along names, the match of a result to its primal's type, the local
 // slice that transposes all_gather, the local placement that transposes pbroadcast, and
 // positional permutes, reshapes and contractions.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/collectives.hpp>

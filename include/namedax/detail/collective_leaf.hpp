@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: MIT
+// What every collective shares: the named axes a call reduces or exchanges, read from the
+// environment; the rule run on one leaf (deferred values wait, names are checked at compile
+// time); and the catch-all that reports options of the wrong collective.
+// IWYU pragma: private, include <namedax/namedax.hpp>
+#pragma once
+
+#include <namedax/axis.hpp>
+#include <namedax/detail/collective_frame.hpp>
+#include <namedax/named_array.hpp>
+
+#include <algorithm>
+#include <array>
+#include <optional>
+#include <span>
+#include <tuple>
+#include <vector>
+
+namespace namedax::detail {
+
+inline std::vector<std::size_t> canonical_positional(std::string_view verb, std::span<const int> positional,
+                                                     std::size_t rank) {
+  std::vector<std::size_t> dims;
+  for (int p : positional) {
+    int d = p < 0 ? p + static_cast<int>(rank) : p;
+    if (d < 0 || d >= static_cast<int>(rank))
+      fail("namedax::", verb, ": positional axis ", p, " is out of range for a value of positional rank ", rank);
+    if (std::find(dims.begin(), dims.end(), static_cast<std::size_t>(d)) != dims.end())
+      fail("namedax::", verb, ": positional axis ", p, " is given twice");
+    dims.push_back(static_cast<std::size_t>(d));
+  }
+  return dims;
+}
+
+/// The named axes of a collective on x, in the order given, as the rules need them.
+template <class X, class... Names>
+std::array<named_axis, sizeof...(Names)> describe_named_axes([[maybe_unused]] std::string_view verb) {
+  using Env = typename X::env_type;
+  return {[&] {
+    constexpr int k = Env::index_of(Names::name);
+    const frame& f = bound_frame(verb, Names::name);
+    return named_axis{Names::name, Env::places[k], f.size, ((X::varying >> k) & 1) != 0, Env::vectorized_slot(k), f.index};
+  }()...};
+}
+
+/// Whether `holds(std::type_identity<L>{})` for every child type L of node X; false for a
+/// leaf. The predicate is instantiated for every child, so it must accept any type.
+template <class X, class Holds>
+constexpr bool every_child(Holds holds) {
+  if constexpr (!is_node<X>) {
+    return false;
+  } else {
+    using parts = decltype(children(std::declval<const X&>()));
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return (holds(std::type_identity<std::remove_cvref_t<std::tuple_element_t<I, parts>>>{}) && ...);
+    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+  }
+}
+
+/// Whether leaf type L is a named value that varies along every one of `Names`.
+template <class L, class... Names>
+constexpr bool varies_along_all() {
+  if constexpr (NamedValue<L>) {
+    constexpr axis_mask names = L::env_type::template mask_of<Names...>();
+    return (L::varying & names) == names;
+  } else {
+    return false;
+  }
+}
+
+/// What a braced list naming fields of other collectives' options binds to
+/// (`psum(x, "i"_ax, {.tiled = true})`): the overload that takes it fails a static_assert
+/// naming the options the collective takes, instead of an error listing every candidate.
+/// It lacks axis_index_groups, so lists naming only a collective's own fields go elsewhere.
+struct foreign_option_fields {
+  int axis = 0;
+  int scatter_dimension = 0;
+  bool tiled = false;
+};
+
+/// False for every type: a static_assert on it fires only when the overload is chosen.
+template <class Options>
+inline constexpr bool wrong_options = false;
+
+/// Runs a collective's rule on one leaf: a deferred value waits for its environment, a named
+/// value's names are checked at compile time and its payload read where it lies. `Sums`
+/// makes bool add up as int32; `Invariant` says the result is the same along the names.
+template <class Verb, bool Invariant, bool Sums, class X, class... Names, class Rule>
+auto collective_leaf(const X& x, type_list<Names...> names, Rule rule) {
+  if constexpr (DeferredValue<X>) {
+    auto later = [x, names, rule]<class Env>(Env) {
+      return collective_leaf<Verb, Invariant, Sums>(x.template resolve<Env>(), names, rule);
+    };
+    using awaited = typename type_list_cat<names_awaited_t<X>, type_list<Names...>>::type;
+    return typename deferred_from<decltype(later), awaited>::type{later};
+  } else {
+    static_assert(NamedValue<X>, "namedax: this collective takes a mapped value (an argument of the function given "
+                                 "to vmap or pmap, or a value computed from one)");
+    using Env = typename X::env_type;
+    require_bound<Verb, Env, Names...>();
+    using T = std::conditional_t<Sums && std::is_same_v<typename X::value_type, bool>, std::int32_t, typename X::value_type>;
+    xt::xarray<T> storage = empty_array<T>();
+    strided_block<T> in = block_in_memory<T>(x.payload(), storage);
+    const std::size_t positional_rank = in.shape.size() - Env::vectorized_count;
+    const auto axes = describe_named_axes<X, Names...>(Verb::name);
+    auto out = rule(std::move(in), positional_rank, std::span<const named_axis>(axes));
+    using R = typename decltype(out)::value_type;
+    constexpr axis_mask names_mask = Env::template mask_of<Names...>();
+    constexpr axis_mask varying = Invariant ? (X::varying & ~names_mask) : (X::varying | names_mask);
+    if constexpr (std::is_same_v<decltype(out), shared_array<R>>) return make_named<shared_array<R>, Env, varying>(std::move(out));
+    else return make_named<shared_array<R>, Env, varying>(share_array<R>(std::move(out)));
+  }
+}
+
+template <std::size_t P, class... Names>
+constexpr auto names_only(const axis_list<P, Names...>&) {
+  static_assert(P == 0, "namedax: this collective takes axis names only, no positional axes");
+  return type_list<Names...>{};
+}
+
+inline std::optional<groups_t> groups_of(const std::vector<std::vector<int>>& groups) {
+  if (groups.empty()) return std::nullopt;
+  return groups;
+}
+
+/// A tuple of names as the axis list `axes(names...)`.
+template <class... Names>
+constexpr auto axis_list_of(const std::tuple<Names...>& names) {
+  return std::apply([](const auto&... n) { return namedax::axes(n...); }, names);
+}
+}  // namespace namedax::detail
