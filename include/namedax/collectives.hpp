@@ -70,7 +70,7 @@ struct all_gather_fn {
     requires(!std::convertible_to<const Options&, all_gather_options> &&
              !std::convertible_to<const Options&, detail::all_gather_options_without_groups>)
   X operator()(const X& x, const A&, const Options&) const {
-    static_assert(detail::wrong_options<Options>,
+    static_assert(detail::always_false<Options>,
                   "namedax: all_gather takes namedax::all_gather_options ({.axis_index_groups, .axis, .tiled})");
     return x;  // only the assertion above is reported
   }
@@ -100,7 +100,7 @@ struct all_gather_invariant_fn {
     requires(std::same_as<Options, all_gather_options> ||
              (!std::convertible_to<const Options&, all_gather_invariant_options>))
   X operator()(const X& x, const A&, const Options&) const {
-    static_assert(detail::wrong_options<Options>,
+    static_assert(detail::always_false<Options>,
                   "namedax: all_gather_invariant takes namedax::all_gather_invariant_options ({.axis, .tiled}), no "
                   "axis_index_groups: with groups the result differs between groups; use namedax::all_gather");
     return x;  // only the assertion above is reported
@@ -119,7 +119,7 @@ struct psum_scatter_fn {
   template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
     requires(!std::convertible_to<const Options&, psum_scatter_options>)
   X operator()(const X& x, const A&, const Options&) const {
-    static_assert(detail::wrong_options<Options>, "namedax: psum_scatter takes namedax::psum_scatter_options "
+    static_assert(detail::always_false<Options>, "namedax: psum_scatter takes namedax::psum_scatter_options "
                                                   "({.scatter_dimension, .axis_index_groups, .tiled})");
     return x;  // only the assertion above is reported
   }
@@ -138,7 +138,7 @@ struct all_to_all_fn {
   template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
     requires(!std::convertible_to<const Options&, all_to_all_options>)
   X operator()(const X& x, const A&, int, int, const Options&) const {
-    static_assert(detail::wrong_options<Options>,
+    static_assert(detail::always_false<Options>,
                   "namedax: all_to_all takes namedax::all_to_all_options ({.axis_index_groups, .tiled})");
     return x;  // only the assertion above is reported
   }
@@ -155,7 +155,7 @@ struct pswapaxes_fn {
   template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
     requires(!std::convertible_to<const Options&, pswapaxes_options>)
   X operator()(const X& x, const A&, int, const Options&) const {
-    static_assert(detail::wrong_options<Options>, "namedax: pswapaxes takes namedax::pswapaxes_options ({.axis_index_groups})");
+    static_assert(detail::always_false<Options>, "namedax: pswapaxes takes namedax::pswapaxes_options ({.axis_index_groups})");
     return x;  // only the assertion above is reported
   }
 };

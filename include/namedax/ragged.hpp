@@ -49,7 +49,7 @@ struct ragged_all_to_all_fn {
             class Options = detail::foreign_option_fields>
     requires(!std::convertible_to<const Options&, ragged_all_to_all_options>)
   X operator()(const X& operand, const O&, const IO&, const SS&, const OO&, const RS&, const A&, const Options&) const {
-    static_assert(detail::wrong_options<Options>,
+    static_assert(detail::always_false<Options>,
                   "namedax: ragged_all_to_all takes namedax::ragged_all_to_all_options ({.axis_index_groups})");
     return operand;  // only the assertion above is reported
   }

@@ -259,7 +259,7 @@ struct all_reduce_verb {
     requires(!std::convertible_to<const Options&, reduce_options> &&
              !std::convertible_to<const Options&, reduce_options_without_groups>)
   X operator()(const X& x, const A&, const Options&) const {
-    static_assert(wrong_options<Options>,
+    static_assert(always_false<Options>,
                   "namedax: psum, pmean, pmax and pmin take namedax::reduce_options ({.axis_index_groups = ...})");
     return x;  // only the assertion above is reported
   }

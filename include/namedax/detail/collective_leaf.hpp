@@ -78,10 +78,6 @@ struct foreign_option_fields {
   bool tiled = false;
 };
 
-/// False for every type: a static_assert on it fires only when the overload is chosen.
-template <class Options>
-inline constexpr bool wrong_options = false;
-
 /// Runs a collective's rule on one leaf: a deferred value waits for its environment, a named
 /// value's names are checked at compile time and its payload read where it lies. `Sums`
 /// makes bool add up as int32; `Invariant` says the result is the same along the names.
