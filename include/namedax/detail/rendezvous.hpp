@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Shared-memory exchange among device threads: communicators found by the names they span,
 // two-phase barriers that compare the callers' signatures, and errors instead of hangs.
+// IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
 #include <namedax/detail/fault.hpp>
@@ -11,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 #include <climits>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <span>
@@ -74,6 +77,8 @@ inline std::string_view form_name(exchange_form form) {
   return names[static_cast<std::size_t>(form)];
 }
 
+struct async_mailbox;  // detail/async.hpp
+
 /// The devices that differ only along some device axes, meeting again and again. A member
 /// arrives with one atomic increment; the last one to arrive compares the signatures and
 /// advances `generation`, which the others watch: spinning, then asleep on it (a futex), so
@@ -109,6 +114,10 @@ struct communicator {
   // under the world's lock, before the member arrives.
   std::uint32_t left_generation[2] = {0, 0};
   std::string left_by[2];
+  // Where asynchronous collectives among these devices leave their blocks (detail/async.hpp),
+  // made by the first member that starts one. Shared: a handle keeps it while it lives.
+  std::once_flag mailbox_made;
+  std::shared_ptr<async_mailbox> mailbox;
 };
 
 /// This device's communicator over the device axes `names` (given order) and its rank in it,

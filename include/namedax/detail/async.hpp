@@ -1,0 +1,485 @@
+// SPDX-License-Identifier: MIT
+// Asynchronous collectives among device threads: a mailbox per communicator where a sender
+// leaves its block for the receiver without waiting for it, and the receipt by which the
+// receiver later takes it, with the same errors instead of hangs as the blocking exchanges.
+#pragma once
+// IWYU pragma: private, include <namedax/async.hpp>
+
+#include <namedax/collectives.hpp>
+#include <namedax/detail/ppermute.hpp>
+#include <namedax/detail/rendezvous.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+
+namespace namedax::detail {
+
+/// Slots per receiving device: the exchange a device starts as its s-th asynchronous call over
+/// some axes uses slot s % async_depth, so at most this many of its handles over the same axes
+/// may be in flight (started and not yet waited) at once.
+inline constexpr std::uint32_t async_depth = 8;
+
+/// One leaf's array with its element type erased, held in place (every shared_array has the
+/// size of a shared_ptr), so that leaving a block in a mailbox allocates nothing.
+class erased_array {
+ public:
+  erased_array() = default;
+  erased_array(const erased_array&) = delete;
+  erased_array& operator=(const erased_array&) = delete;
+  ~erased_array() { reset(); }
+  template <class T>
+  void hold(const shared_array<T>& a) {
+    static_assert(sizeof(shared_array<T>) <= sizeof(bytes_) && alignof(shared_array<T>) <= alignof(std::max_align_t));
+    reset();
+    new (bytes_) shared_array<T>(a);
+    destroy_ = [](void* p) { std::launder(static_cast<shared_array<T>*>(p))->~shared_array<T>(); };
+  }
+  /// The array held, which must be of element type T (the signature check says so).
+  template <class T>
+  shared_array<T> take() {
+    shared_array<T> out = *std::launder(reinterpret_cast<shared_array<T>*>(bytes_));
+    reset();
+    return out;
+  }
+  void reset() noexcept {
+    if (destroy_) std::exchange(destroy_, nullptr)(bytes_);
+  }
+
+ private:
+  alignas(std::max_align_t) std::byte bytes_[sizeof(shared_array<double>)];
+  void (*destroy_)(void*) = nullptr;
+};
+
+/// Where one sender leaves one block for one receiver. `state` packs the sequence number of
+/// the receiver's call the slot serves now (30 bits, wrapping) with a phase: free (no block),
+/// posted (a block waits for the receiver), abandoned (the receiver gave up before the block
+/// came; its sender frees the slot). The sender writes the other fields before it posts, and
+/// the receiver reads them after it sees the post.
+struct alignas(64) async_slot {
+  enum phase : std::uint32_t { free = 0, posted = 1, abandoned = 2 };
+  static constexpr std::uint32_t sequence_mask = (1u << 30) - 1;
+  static constexpr std::uint32_t pack(std::uint32_t sequence, phase p) { return ((sequence & sequence_mask) << 2) | p; }
+  static constexpr std::uint32_t sequence_of(std::uint32_t state) { return state >> 2; }
+  static constexpr phase phase_of(std::uint32_t state) { return static_cast<phase>(state & 3); }
+
+  std::atomic<std::uint32_t> state{pack(0, free)};
+  std::atomic<int> sleepers{0};
+  std::uint64_t fingerprint = 0;  // of the sender's call
+  std::size_t source = 0;         // the sender's rank
+  std::string signature;          // the sender's call, for a mismatch report (keeps its capacity)
+  erased_array block;
+
+  void wake() {
+    if (sleepers.load(std::memory_order_seq_cst) > 0) wake_sleepers(state);
+  }
+};
+
+/// The mailbox of one communicator: async_depth slots per receiver, and per member the count
+/// of asynchronous calls it started and which of its slots have a handle in flight (each
+/// member's own thread alone touches its part).
+struct async_mailbox {
+  struct alignas(64) member {
+    std::uint32_t started = 0;
+    std::array<bool, async_depth> in_flight{};
+    std::array<std::string, async_depth> calls;  // its own calls, for mismatch reports
+  };
+  std::size_t size;
+  std::vector<std::string> paths;  // the members' device paths, by rank
+  std::string axes;                // "('i',)"
+  std::unique_ptr<async_slot[]> slots;
+  std::unique_ptr<member[]> members;
+
+  async_mailbox(const communicator& c, std::span<const named_axis> named)
+      : size(c.size), paths(c.member_paths), axes(describe_axes(named)),
+        slots(new async_slot[c.size * async_depth]), members(new member[c.size]) {}
+  async_slot& slot(std::size_t receiver, std::uint32_t sequence) {
+    return slots[receiver * async_depth + sequence % async_depth];
+  }
+};
+
+inline async_mailbox& mailbox_of(const membership& m, std::span<const named_axis> axes) {
+  communicator& c = *m.comm;
+  std::call_once(c.mailbox_made, [&] { c.mailbox = std::make_shared<async_mailbox>(c, axes); });
+  return *c.mailbox;
+}
+
+/// Waits until `done(state)` holds for `slot`'s state, for the move of device `peer` (the
+/// sender whose block this device waits for, or the receiver that must first take an older
+/// one). Spins briefly, then sleeps on the state word; once a millisecond, under the world's
+/// lock, looks whether the peer returned, every running device waits (a deadlock), or the
+/// timeout passed. On trouble, or when the world is poisoned, poisons it and throws a
+/// collective_abort naming `what` and this device. Returns the state that satisfied `done`.
+template <class Done>
+std::uint32_t wait_for_peer(world& w, async_slot& slot, Done done, std::string_view what, const std::string& peer) {
+  device_record& me = *current_device();
+  std::uint32_t now = slot.state.load(std::memory_order_acquire);
+  const bool crowded = w.running > static_cast<int>(hardware_threads());
+  const auto start = std::chrono::steady_clock::now();
+  for (int spin = 0; !done(now) && !w.poisoned.load() && spin < (crowded ? crowded_yields : 2048); ++spin) {
+    if (crowded) std::this_thread::yield();
+    else if (spin % 64 == 63 && std::chrono::steady_clock::now() > start + std::chrono::microseconds(50)) break;
+    else cpu_relax();
+    now = slot.state.load(std::memory_order_acquire);
+  }
+  const auto deadline = start + std::chrono::duration<double>(collective_timeout_seconds());
+  auto next_check = start;
+  std::optional<std::string> trouble;
+  while (!done(now) && !trouble) {
+    me.block(what, &slot.state, now);
+    slot.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (slot.state.load(std::memory_order_seq_cst) == now && !w.poisoned.load())
+      sleep_while_equal(slot.state, now, std::chrono::milliseconds(1));
+    slot.sleepers.fetch_sub(1, std::memory_order_relaxed);
+    now = slot.state.load(std::memory_order_acquire);
+    if (done(now)) break;
+    const auto clock = std::chrono::steady_clock::now();
+    if (!w.poisoned.load() && clock < next_check) continue;
+    next_check = clock + std::chrono::milliseconds(1);
+    std::lock_guard guard(w.lock);
+    if (w.poisoned) {
+      trouble = w.reason;
+      break;
+    }
+    auto it = w.devices.find(peer);
+    if (it != w.devices.end() && it->second->launches == me.launches && it->second->now == device_record::state::finished)
+      trouble = message("device ", peer, " returned from the mapped function while device ", me.path, " waits for it in ",
+                        what, "; every device must start the same asynchronous collectives");
+    else if (w.deadlocked()) {
+      std::string who;
+      for (const auto& [path, record] : w.devices)
+        if (auto in = record->stuck_in()) who += message("\n  device ", path, " waits in ", *in);
+      trouble = message("every running device waits in a collective that cannot complete (devices called "
+                        "different collectives):", who);
+    } else if (clock > deadline) {
+      trouble = message("timed out after ", collective_timeout_seconds(),
+                        " s (NAMEDAX_COLLECTIVE_TIMEOUT) waiting for device ", peer);
+    }
+    if (trouble) *trouble += w.recent_collectives(), w.poison(*trouble);
+  }
+  me.unblock();
+  if (trouble) throw collective_abort(message(what, " on device ", me.path, " was aborted: ", *trouble));
+  return now;
+}
+
+/// Poisons the world with `why` and makes it the error pmap reports, unless a device's own
+/// error came first (call without the world's lock).
+inline void report_in_world(world& w, const std::string& path, const std::string& why) {
+  std::lock_guard guard(w.lock);
+  if (!w.first_error || w.first_error_is_abort)
+    w.first_error = std::make_exception_ptr(collective_error(why)), w.first_error_is_abort = false,
+    w.error_note = message(" (on device ", path, ")");
+  w.poison(why);
+}
+
+/// This device's side of one asynchronous exchange it started: where its incoming block
+/// arrives (or that none does), until it takes the block or gives up on it. Move-only; a
+/// receipt dropped before its block was taken cancels it.
+class async_receipt {
+ public:
+  async_receipt() = default;
+  async_receipt(std::shared_ptr<world> w, std::shared_ptr<async_mailbox> box, std::shared_ptr<device_record> device,
+                std::size_t rank, std::uint32_t sequence, long source, std::uint64_t fingerprint, std::string_view verb)
+      : world_(std::move(w)), box_(std::move(box)), device_(std::move(device)), rank_(rank), sequence_(sequence),
+        source_(source), fingerprint_(fingerprint), verb_(verb) {
+    box_->members[rank_].in_flight[sequence_ % async_depth] = true;
+  }
+  async_receipt(async_receipt&& other) noexcept { *this = std::move(other); }
+  async_receipt& operator=(async_receipt&& other) noexcept {
+    if (this != &other) {
+      cancel();
+      world_ = std::move(other.world_), box_ = std::move(other.box_), device_ = std::move(other.device_);
+      rank_ = other.rank_, sequence_ = other.sequence_, source_ = other.source_, fingerprint_ = other.fingerprint_;
+      verb_ = other.verb_;
+    }
+    return *this;
+  }
+  ~async_receipt() { cancel(); }
+
+  [[nodiscard]] bool active() const { return box_ != nullptr; }
+  /// "namedax::async::ppermute over ('i',)".
+  [[nodiscard]] std::string what() const { return message("namedax::", verb_, " over ", box_->axes); }
+  [[nodiscard]] const std::string& device_path() const { return device_->path; }
+  [[nodiscard]] std::uint32_t sequence() const { return sequence_; }
+
+  /// Waits for this device's incoming block and takes it; a device that receives nothing gets
+  /// zeros of `shape` at once.
+  template <class T>
+  shared_array<T> take(std::span<const std::size_t> shape) {
+    check_device();
+    auto done = finish_on_exit();
+    if (source_ < 0) {
+      expect_nothing();
+      auto zeros = uninitialized_array<T>(shape);
+      std::fill(zeros.data(), zeros.data() + zeros.size(), T{});
+      return share_array<T>(std::move(zeros));
+    }
+    async_slot& slot = box_->slot(rank_, sequence_);
+    const std::uint32_t wanted = async_slot::pack(sequence_, async_slot::posted);
+    const std::string peer = box_->paths[static_cast<std::size_t>(source_)];
+    wait_for_peer(*world_, slot, [&](std::uint32_t s) { return s == wanted || stale(s); }, what(), peer);
+    if (slot.state.load(std::memory_order_acquire) != wanted) expect_nothing();  // a stale block: reported there
+    at_fault_point(fault_point::reading, verb_);
+    if (slot.fingerprint != fingerprint_) {
+      const std::string theirs = slot.signature;
+      slot.block.reset();
+      slot.state.store(async_slot::pack(sequence_, async_slot::free), std::memory_order_seq_cst);
+      slot.wake();
+      throw collective_error(message(what(), ": devices made different asynchronous calls at the same point: device ",
+                                     peer, " sent a block from ", theirs, ", device ", device_->path, " called ",
+                                     my_call(), "; every device must start the same asynchronous collectives in the "
+                                     "same order"));
+    }
+    auto out = slot.block.take<T>();
+    slot.state.store(async_slot::pack(sequence_, async_slot::free), std::memory_order_seq_cst);
+    slot.wake();
+    return out;
+  }
+
+  /// Gives up on the incoming block: drops it if it came, else marks the slot so that its
+  /// sender frees it. When neither is possible (the slot still serves an older exchange this
+  /// device gave up on, whose sender has not come), the world is poisoned: nobody could wait
+  /// on that slot any more.
+  void cancel() noexcept {
+    if (!box_) return;
+    auto done = finish_on_exit();
+    if (source_ < 0) return;
+    async_slot& slot = box_->slot(rank_, sequence_);
+    std::uint32_t now = slot.state.load(std::memory_order_acquire);
+    for (;;) {
+      if (now == async_slot::pack(sequence_, async_slot::posted)) {
+        slot.block.reset();
+        slot.state.store(async_slot::pack(sequence_, async_slot::free), std::memory_order_seq_cst);
+        slot.wake();
+        return;
+      }
+      if (async_slot::phase_of(now) != async_slot::free) break;
+      if (slot.state.compare_exchange_weak(now, async_slot::pack(sequence_, async_slot::abandoned),
+                                           std::memory_order_acq_rel, std::memory_order_acquire))
+        return;
+    }
+    try {
+      report_in_world(*world_, device_->path,
+                      message(what(), ": device ", device_->path, " gave up on an exchange from device ",
+                              box_->paths[static_cast<std::size_t>(source_)], " while an earlier one it gave up on "
+                              "had not arrived either; call wait() on every handle"));
+    } catch (...) {  // out of memory for the message: the world stays as it is
+    }
+  }
+
+ private:
+  /// Clears this receipt, and its slot's in-flight mark, when the caller leaves.
+  struct finish {
+    async_receipt* r;
+    ~finish() {
+      r->box_->members[r->rank_].in_flight[r->sequence_ % async_depth] = false;
+      r->box_.reset(), r->world_.reset(), r->device_.reset();
+    }
+  };
+  finish finish_on_exit() { return finish{this}; }
+  void check_device() const {
+    if (current_device() != device_)
+      fail(what(), ": wait() was called on device ", current_device() ? current_device()->path : std::string("(none)"),
+           " for a handle that device ", device_->path, " started; each device waits on its own handles");
+  }
+  /// A block posted in an earlier call (a call in which this device expected none).
+  [[nodiscard]] bool stale(std::uint32_t state) const {
+    return async_slot::phase_of(state) == async_slot::posted && async_slot::sequence_of(state) != (sequence_ & async_slot::sequence_mask);
+  }
+  [[nodiscard]] std::string my_call() const { return box_->members[rank_].calls[sequence_ % async_depth]; }
+  /// Throws if a block arrived for a call in which this device receives nothing.
+  void expect_nothing() {
+    async_slot& slot = box_->slot(rank_, sequence_);
+    const std::uint32_t now = slot.state.load(std::memory_order_acquire);
+    if (async_slot::phase_of(now) != async_slot::posted || (source_ >= 0 && !stale(now))) return;
+    const std::string theirs = slot.signature, from = box_->paths[slot.source];
+    slot.block.reset();
+    slot.state.store(async_slot::pack(async_slot::sequence_of(now), async_slot::free), std::memory_order_seq_cst);
+    slot.wake();
+    throw collective_error(message(what(), ": device ", from, " sent device ", device_->path, " a block from ", theirs,
+                                   " in a call in which device ", device_->path, " receives nothing (", my_call(),
+                                   "); every device must start the same asynchronous collectives with the same pairs"));
+  }
+
+  std::shared_ptr<world> world_;
+  std::shared_ptr<async_mailbox> box_;
+  std::shared_ptr<device_record> device_;
+  std::size_t rank_ = 0;
+  std::uint32_t sequence_ = 0;
+  long source_ = -1;
+  std::uint64_t fingerprint_ = 0;
+  std::string_view verb_;
+};
+
+/// Leaves this device's block for its receiver, if it sends: waits only while the slot still
+/// holds the receiver's block of async_depth calls earlier (the receiver is that far behind).
+template <class T>
+void post_block(world& w, async_mailbox& box, std::size_t receiver, std::uint32_t sequence, std::size_t rank,
+                const collective_call& call, const shared_array<T>& block) {
+  async_slot& slot = box.slot(receiver, sequence);
+  const std::uint32_t seq = sequence & async_slot::sequence_mask;
+  auto ready = [&](std::uint32_t s) {
+    return async_slot::phase_of(s) == async_slot::free || async_slot::sequence_of(s) == seq;
+  };
+  for (;;) {
+    std::uint32_t now = wait_for_peer(w, slot, ready, call.what, box.paths[receiver]);
+    if (async_slot::sequence_of(now) == seq && async_slot::phase_of(now) == async_slot::abandoned) {
+      slot.state.store(async_slot::pack(seq, async_slot::free), std::memory_order_seq_cst);  // nobody wants it
+      slot.wake();
+      return;
+    }
+    if (async_slot::phase_of(now) == async_slot::posted)
+      throw collective_error(message(call.what, ": devices ", box.paths[slot.source], " and ", box.paths[rank],
+                                     " both send to device ", box.paths[receiver], " in the same asynchronous call; "
+                                     "every device must start the same asynchronous collectives with the same pairs"));
+    slot.fingerprint = call.fingerprint, slot.source = rank;
+    slot.signature.assign(call.signature);
+    slot.block.hold(block);
+    if (slot.state.compare_exchange_strong(now, async_slot::pack(seq, async_slot::posted), std::memory_order_seq_cst,
+                                           std::memory_order_acquire)) {
+      slot.wake();
+      return;
+    }
+    slot.block.reset();  // the receiver gave up meanwhile: the loop frees the slot
+  }
+}
+
+/// Starts ppermute among device threads: checks the pairs, leaves this device's array for
+/// its destination, and returns the receipt of what this device receives. `names` are the
+/// axes' names, all device-thread axes along which the value varies (thread_axes).
+template <class T>
+async_receipt start_permute(std::string_view verb, const shared_array<T>& mine, std::span<const named_axis> axes,
+                            std::span<const std::string_view> names, const permutation_t& perm) {
+  membership m = join(names);
+  const long source = senders(verb, axes, perm, member_count(axes))[m.rank];
+  async_mailbox& box = mailbox_of(m, axes);
+  auto& self = box.members[m.rank];
+  const auto& me = current_device();
+  const std::uint32_t sequence = self.started;
+  const dims_t shape(mine.shape().begin(), mine.shape().end());
+  const collective_call call = call_of<T>(verb, axes, pairs_options(perm), std::nullopt, shape);
+  if (self.in_flight[sequence % async_depth])
+    fail(call.what, ": device ", me->path, " starts an exchange while the one it started ", async_depth,
+         " calls earlier over the same axes is still in flight; at most ", async_depth,
+         " may be in flight at once: call wait() on the oldest handle first");
+  me->enter(call.signature);
+  self.calls[sequence % async_depth].assign(call.signature);
+  at_fault_point(fault_point::arrival, verb);
+  long destination = -1;
+  for (auto [s, d] : perm)
+    if (static_cast<std::size_t>(s) == m.rank) destination = d;
+  std::shared_ptr<world> w = find_frame(names.front())->shared;
+  if (destination >= 0) post_block(*w, box, static_cast<std::size_t>(destination), sequence, m.rank, call, mine);
+  self.started = (sequence + 1) & async_slot::sequence_mask;
+  async_receipt receipt(std::move(w), m.comm->mailbox, me, m.rank, sequence, source, call.fingerprint, verb);
+  at_fault_point(fault_point::exchanged, verb);
+  return receipt;
+}
+
+/// What a handle holds: the result itself when it was computed at start (vmap, and every case
+/// that is not an exchange among device threads), or the receipt of the block to come and how
+/// to type it as the blocking collective types its result.
+template <class R>
+class async_state {
+ public:
+  using result_type = R;
+  async_state() = default;
+  async_state(std::string (*what)(), R value) : what_(what), value_(std::move(value)) { note_caller(); }
+  async_state(std::string (*what)(), async_receipt receipt, dims_t shape, R (*receive)(async_receipt&, const dims_t&))
+      : what_(what), receipt_(std::move(receipt)), shape_(std::move(shape)), receive_(receive) {
+    note_caller();
+  }
+  async_state(async_state&& other) noexcept { *this = std::move(other); }
+  async_state& operator=(async_state&& other) {
+    if (this != &other) {
+      drop();
+      what_ = other.what_, value_ = std::move(other.value_), receipt_ = std::move(other.receipt_);
+      shape_ = std::move(other.shape_), receive_ = other.receive_, device_ = std::move(other.device_);
+      exceptions_ = other.exceptions_;
+      other.value_.reset(), other.receive_ = nullptr;
+    }
+    return *this;
+  }
+  ~async_state() = default;
+
+  [[nodiscard]] bool pending() const { return value_.has_value() || receipt_.active(); }
+
+  R wait() {
+    if (!pending())
+      fail(what_ ? what_() : std::string("namedax::async"), ": wait() was called on a handle that holds no exchange",
+           where(), " (it was waited already, or moved from); call wait() once on each started handle");
+    if (value_) return std::exchange(value_, std::nullopt).value();
+    return receive_(receipt_, shape_);
+  }
+
+  /// A handle that goes away pending: its exchange is cancelled, and unless an exception is
+  /// unwinding the stack (which then reports the failure), a collective_error says so.
+  void drop() {
+    if (!pending()) return;
+    receipt_.cancel();
+    value_.reset();
+    if (std::uncaught_exceptions() > exceptions_) return;
+    throw collective_error(message(what_(), ": a handle was dropped without wait()", where(),
+                                   "; call wait() on every handle an asynchronous collective returns"));
+  }
+
+ private:
+  void note_caller() {
+    device_ = current_device();
+    exceptions_ = std::uncaught_exceptions();
+  }
+  [[nodiscard]] std::string where() const { return device_ ? message(" on device ", device_->path) : std::string(); }
+
+  std::string (*what_)() = nullptr;  // "namedax::async::ppermute over ('i',)", made for messages only
+  std::optional<R> value_;
+  async_receipt receipt_;
+  dims_t shape_;
+  R (*receive_)(async_receipt&, const dims_t&) = nullptr;
+  std::shared_ptr<device_record> device_;
+  int exceptions_ = 0;
+};
+
+/// "namedax::<verb> over ('i', 'j')" for the names of a call, made when a message needs it.
+template <class Verb, class... Names>
+std::string async_what() {
+  std::string axes = "(";
+  ((axes += axes.size() > 1 ? ", '" : "'", axes += Names::name, axes += '\''), ...);
+  axes += sizeof...(Names) == 1 ? ",)" : ")";
+  return message("namedax::", Verb::name, " over ", axes);
+}
+
+/// Starts ppermute: among device threads, a leaf that varies along every name leaves its array
+/// for its destination at once (start_permute); every other case (vmap, a mix of placements,
+/// processes, pytrees, deferred values) runs the blocking ppermute now and keeps its result.
+template <class Verb, class X, class A>
+auto start_ppermute(const X& x, const A& axes, const permutation_t& perm) {
+  using R = decltype(namedax::ppermute(x, axes, perm));
+  return [&]<class... Names>(type_list<Names...>) {
+    std::string (*what)() = &async_what<Verb, Names...>;
+    if constexpr (NamedValue<X>) {
+      using Env = typename X::env_type;
+      using T = typename X::value_type;
+      using typed = named<shared_array<T>, Env, X::varying | Env::template mask_of<Names...>()>;
+      if constexpr (std::is_same_v<typed, R>) {
+        require_bound<Verb, Env, Names...>();
+        const auto named_axes = describe_named_axes<X, Names...>(Verb::name);
+        if (const auto threads = thread_axes(named_axes)) {
+          const auto owned = namedax::eval(x);  // the block sent: the caller may rebind x meanwhile
+          auto receipt = start_permute<T>(Verb::name, owned.payload(), named_axes, *threads, perm);
+          dims_t shape(owned.payload().shape().begin(), owned.payload().shape().end());
+          auto receive = [](async_receipt& r, const dims_t& s) -> R { return R(r.take<T>(s)); };
+          return async_state<R>(what, std::move(receipt), std::move(shape), +receive);
+        }
+      }
+    }
+    return async_state<R>(what, namedax::ppermute(x, axes, perm));
+  }(names_only(to_axis_list(axes)));
+}
+
+}  // namespace namedax::detail
