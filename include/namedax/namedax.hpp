@@ -3,6 +3,7 @@
 // collectives and their transposes.
 #pragma once
 
+#include <namedax/async.hpp>
 #include <namedax/axis.hpp>
 #include <namedax/collectives.hpp>
 #include <namedax/elementwise.hpp>
