@@ -6,12 +6,14 @@
 #include "test_support.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 using namespace namedax::literals;
 using namedax::detail::fault_point;
@@ -164,6 +166,50 @@ TEST_SUITE("async") {
       xt::xarray<float> total = xt::sum(xs, {0});
       for (int d = 0; d < n; ++d) CHECK(xt::allclose(xt::view(expected, d), total, 1e-4, 1e-2));
     }
+  }
+
+  TEST_CASE("a fast sender of a later call waits for its turn: blocks arrive in the receiver's call order") {
+    xt::xarray<float> xs = xt::arange<float>(8).reshape({4, 2});
+    // Device 2 receives nothing and sends to device 0 in calls 1..9, so it runs ahead, while
+    // device 0 waits for call 0's block from device 1, which starts late. Call 8 uses the slot
+    // of call 0: device 2 must not leave its block there before device 0 took call 0's.
+    auto f = [](auto x) {
+      if (device_index(4) == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      auto sum = namedax::eval(namedax::async::ppermute(x, "i"_ax, {{1, 0}}).wait());
+      for (int k = 1; k <= 9; ++k)
+        sum = sum * 3.0f + namedax::async::ppermute(x + float(k), "i"_ax, {{2, 0}}).wait();
+      return sum;
+    };
+    auto reference = [](auto x) {
+      auto sum = namedax::eval(namedax::ppermute(x, "i"_ax, {{1, 0}}));
+      for (int k = 1; k <= 9; ++k) sum = sum * 3.0f + namedax::ppermute(x + float(k), "i"_ax, {{2, 0}});
+      return sum;
+    };
+    const xt::xarray<float> expected = namedax::vmap<"i">(reference)(xs);
+    CHECK_BITWISE(namedax::pmap<"i">(f)(xs), expected);
+  }
+
+  TEST_CASE("async::ppermute in nested maps and over two names gives the blocking bits in every placement") {
+    std::mt19937 rng(7);
+    const auto xs = namedax_test::random_array<float>(rng, {3, 2, 4});
+    const pairs_t over_i{{0, 2}, {2, 1}, {1, 0}}, over_both{{0, 5}, {5, 1}, {1, 0}, {3, 4}};
+    auto blocking = [&](auto x) {
+      return namedax::ppermute(namedax::ppermute(x, "i"_ax, over_i), namedax::axes("i"_ax, "j"_ax), over_both);
+    };
+    auto started = [&](auto x) {
+      auto a = namedax::async::ppermute(x, "i"_ax, over_i);
+      auto first = a.wait();
+      auto b = namedax::async::ppermute(first, namedax::axes("i"_ax, "j"_ax), over_both);
+      return b.wait();
+    };
+    using namedax::pmap;
+    using namedax::vmap;
+    const xt::xarray<float> expected = vmap<"i">(vmap<"j">(blocking))(xs);
+    CHECK_BITWISE(pmap<"i">(pmap<"j">(blocking))(xs), expected);
+    CHECK_BITWISE(vmap<"i">(vmap<"j">(started))(xs), expected);
+    CHECK_BITWISE(pmap<"i">(pmap<"j">(started))(xs), expected);
+    CHECK_BITWISE(pmap<"i">(vmap<"j">(started))(xs), expected);
+    CHECK_BITWISE(vmap<"i">(pmap<"j">(started))(xs), expected);
   }
 
   TEST_CASE("eight handles may be in flight over one axis; a ninth is an error naming the device and the limit") {

@@ -57,19 +57,36 @@ class erased_array {
   void (*destroy_)(void*) = nullptr;
 };
 
-/// Where one sender leaves one block for one receiver. `state` packs the sequence number of
-/// the receiver's call the slot serves now (30 bits, wrapping) with a phase: free (no block),
-/// posted (a block waits for the receiver), abandoned (the receiver gave up before the block
-/// came; its sender frees the slot). The sender writes the other fields before it posts, and
-/// the receiver reads them after it sees the post.
+/// Where senders leave blocks for one receiver, one call at a time: slot k of a receiver
+/// serves its calls k, k + async_depth, k + 2 * async_depth... in that order, so that a fast
+/// sender of a later call never takes the place of a slow sender of an earlier one. `state`
+/// packs the sequence number of the call the slot serves now (30 bits, wrapping) with a
+/// phase: free (its block, if any, has not come), posted (the block waits for the receiver),
+/// abandoned (the receiver gave up before the block came: its sender passes the slot on). The
+/// receiver passes the slot on to call s + async_depth once it is done with call s, whether it
+/// received a block or none. The sender writes the other fields before it posts, and the
+/// receiver reads them after it sees the post.
 struct alignas(64) async_slot {
   enum phase : std::uint32_t { free = 0, posted = 1, abandoned = 2 };
   static constexpr std::uint32_t sequence_mask = (1u << 30) - 1;
   static constexpr std::uint32_t pack(std::uint32_t sequence, phase p) { return ((sequence & sequence_mask) << 2) | p; }
   static constexpr std::uint32_t sequence_of(std::uint32_t state) { return state >> 2; }
   static constexpr phase phase_of(std::uint32_t state) { return static_cast<phase>(state & 3); }
+  /// Whether the slot serves call `sequence` now.
+  static constexpr bool serves(std::uint32_t state, std::uint32_t sequence) {
+    return sequence_of(state) == (sequence & sequence_mask);
+  }
+  /// Whether the slot serves call `sequence` or has passed it (it serves a later one).
+  static constexpr bool reached(std::uint32_t state, std::uint32_t sequence) {
+    return serves(state, sequence) || passed(state, sequence);
+  }
+  /// Whether the slot has passed call `sequence` (it serves a later one).
+  static constexpr bool passed(std::uint32_t state, std::uint32_t sequence) {
+    const std::uint32_t ahead = (sequence_of(state) - sequence) & sequence_mask;
+    return ahead != 0 && ahead < (1u << 29);
+  }
 
-  std::atomic<std::uint32_t> state{pack(0, free)};
+  std::atomic<std::uint32_t> state{pack(0, free)};  // slot k starts at pack(k, free)
   std::atomic<int> sleepers{0};
   std::uint64_t fingerprint = 0;  // of the sender's call
   std::size_t source = 0;         // the sender's rank
@@ -78,6 +95,12 @@ struct alignas(64) async_slot {
 
   void wake() {
     if (sleepers.load(std::memory_order_seq_cst) > 0) wake_sleepers(state);
+  }
+  /// Done with call `sequence`: the slot serves call sequence + async_depth.
+  void pass_on(std::uint32_t sequence) {
+    block.reset();
+    state.store(pack(sequence + async_depth, free), std::memory_order_seq_cst);
+    wake();
   }
 };
 
@@ -98,7 +121,10 @@ struct async_mailbox {
 
   async_mailbox(const communicator& c, std::span<const named_axis> named)
       : size(c.size), paths(c.member_paths), axes(describe_axes(named)),
-        slots(new async_slot[c.size * async_depth]), members(new member[c.size]) {}
+        slots(new async_slot[c.size * async_depth]), members(new member[c.size]) {
+    for (std::size_t k = 0; k < c.size * async_depth; ++k)
+      slots[k].state.store(async_slot::pack(static_cast<std::uint32_t>(k % async_depth), async_slot::free));
+  }
   async_slot& slot(std::size_t receiver, std::uint32_t sequence) {
     return slots[receiver * async_depth + sequence % async_depth];
   }
@@ -209,66 +235,60 @@ class async_receipt {
   [[nodiscard]] std::uint32_t sequence() const { return sequence_; }
 
   /// Waits for this device's incoming block and takes it; a device that receives nothing gets
-  /// zeros of `shape` at once.
+  /// zeros of `shape` (once the slot serves this call: at once, unless it still waits for an
+  /// earlier block this device gave up on).
   template <class T>
   shared_array<T> take(std::span<const std::size_t> shape) {
     check_device();
     auto done = finish_on_exit();
+    async_slot& slot = box_->slot(rank_, sequence_);
     if (source_ < 0) {
-      expect_nothing();
+      wait_for_peer(*world_, slot, [&](std::uint32_t s) { return async_slot::reached(s, sequence_); }, what(), {});
+      pass_over_nothing(slot);
       auto zeros = uninitialized_array<T>(shape);
       std::fill(zeros.data(), zeros.data() + zeros.size(), T{});
       return share_array<T>(std::move(zeros));
     }
-    async_slot& slot = box_->slot(rank_, sequence_);
     const std::uint32_t wanted = async_slot::pack(sequence_, async_slot::posted);
-    const std::string peer = box_->paths[static_cast<std::size_t>(source_)];
-    wait_for_peer(*world_, slot, [&](std::uint32_t s) { return s == wanted || stale(s); }, what(), peer);
-    if (slot.state.load(std::memory_order_acquire) != wanted) expect_nothing();  // a stale block: reported there
+    const std::string& peer = box_->paths[static_cast<std::size_t>(source_)];
+    wait_for_peer(*world_, slot, [&](std::uint32_t s) { return s == wanted; }, what(), peer);
     at_fault_point(fault_point::reading, verb_);
     if (slot.fingerprint != fingerprint_) {
       const std::string theirs = slot.signature;
-      slot.block.reset();
-      slot.state.store(async_slot::pack(sequence_, async_slot::free), std::memory_order_seq_cst);
-      slot.wake();
+      slot.pass_on(sequence_);
       throw collective_error(message(what(), ": devices made different asynchronous calls at the same point: device ",
                                      peer, " sent a block from ", theirs, ", device ", device_->path, " called ",
                                      my_call(), "; every device must start the same asynchronous collectives in the "
                                      "same order"));
     }
     auto out = slot.block.take<T>();
-    slot.state.store(async_slot::pack(sequence_, async_slot::free), std::memory_order_seq_cst);
-    slot.wake();
+    slot.pass_on(sequence_);
     return out;
   }
 
   /// Gives up on the incoming block: drops it if it came, else marks the slot so that its
-  /// sender frees it. When neither is possible (the slot still serves an older exchange this
-  /// device gave up on, whose sender has not come), the world is poisoned: nobody could wait
-  /// on that slot any more.
+  /// sender passes it on. When the slot still serves an earlier call this device gave up on,
+  /// whose sender has not come, nothing can be marked: the world is then poisoned, since
+  /// nobody could wait on that slot any more (this needs two exchanges given up on, which a
+  /// device does only when it catches the exceptions that unwound past their handles).
   void cancel() noexcept {
     if (!box_) return;
     auto done = finish_on_exit();
-    if (source_ < 0) return;
     async_slot& slot = box_->slot(rank_, sequence_);
     std::uint32_t now = slot.state.load(std::memory_order_acquire);
-    for (;;) {
-      if (now == async_slot::pack(sequence_, async_slot::posted)) {
-        slot.block.reset();
-        slot.state.store(async_slot::pack(sequence_, async_slot::free), std::memory_order_seq_cst);
+    while (async_slot::serves(now, sequence_)) {
+      if (async_slot::phase_of(now) == async_slot::posted) return slot.pass_on(sequence_);
+      const std::uint32_t next = source_ < 0 ? async_slot::pack(sequence_ + async_depth, async_slot::free)
+                                             : async_slot::pack(sequence_, async_slot::abandoned);
+      if (slot.state.compare_exchange_weak(now, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
         slot.wake();
         return;
       }
-      if (async_slot::phase_of(now) != async_slot::free) break;
-      if (slot.state.compare_exchange_weak(now, async_slot::pack(sequence_, async_slot::abandoned),
-                                           std::memory_order_acq_rel, std::memory_order_acquire))
-        return;
     }
     try {
       report_in_world(*world_, device_->path,
-                      message(what(), ": device ", device_->path, " gave up on an exchange from device ",
-                              box_->paths[static_cast<std::size_t>(source_)], " while an earlier one it gave up on "
-                              "had not arrived either; call wait() on every handle"));
+                      message(what(), ": device ", device_->path, " gave up on an exchange while an earlier one it "
+                              "gave up on had not arrived either; call wait() on every handle"));
     } catch (...) {  // out of memory for the message: the world stays as it is
     }
   }
@@ -288,20 +308,19 @@ class async_receipt {
       fail(what(), ": wait() was called on device ", current_device() ? current_device()->path : std::string("(none)"),
            " for a handle that device ", device_->path, " started; each device waits on its own handles");
   }
-  /// A block posted in an earlier call (a call in which this device expected none).
-  [[nodiscard]] bool stale(std::uint32_t state) const {
-    return async_slot::phase_of(state) == async_slot::posted && async_slot::sequence_of(state) != (sequence_ & async_slot::sequence_mask);
-  }
   [[nodiscard]] std::string my_call() const { return box_->members[rank_].calls[sequence_ % async_depth]; }
-  /// Throws if a block arrived for a call in which this device receives nothing.
-  void expect_nothing() {
-    async_slot& slot = box_->slot(rank_, sequence_);
-    const std::uint32_t now = slot.state.load(std::memory_order_acquire);
-    if (async_slot::phase_of(now) != async_slot::posted || (source_ >= 0 && !stale(now))) return;
+  /// Passes the slot on after a call in which this device receives nothing; a block that came
+  /// for that call anyway is a mismatch of the devices' calls.
+  void pass_over_nothing(async_slot& slot) {
+    std::uint32_t now = slot.state.load(std::memory_order_acquire);
+    while (async_slot::phase_of(now) != async_slot::posted)
+      if (slot.state.compare_exchange_weak(now, async_slot::pack(sequence_ + async_depth, async_slot::free),
+                                           std::memory_order_acq_rel, std::memory_order_acquire)) {
+        slot.wake();
+        return;
+      }
     const std::string theirs = slot.signature, from = box_->paths[slot.source];
-    slot.block.reset();
-    slot.state.store(async_slot::pack(async_slot::sequence_of(now), async_slot::free), std::memory_order_seq_cst);
-    slot.wake();
+    slot.pass_on(sequence_);
     throw collective_error(message(what(), ": device ", from, " sent device ", device_->path, " a block from ", theirs,
                                    " in a call in which device ", device_->path, " receives nothing (", my_call(),
                                    "); every device must start the same asynchronous collectives with the same pairs"));
@@ -317,23 +336,20 @@ class async_receipt {
   std::string_view verb_;
 };
 
-/// Leaves this device's block for its receiver, if it sends: waits only while the slot still
-/// holds the receiver's block of async_depth calls earlier (the receiver is that far behind).
+/// Leaves this device's block for its receiver: waits only until the receiver's slot serves
+/// this call (the receiver is done with its call async_depth calls earlier).
 template <class T>
 void post_block(world& w, async_mailbox& box, std::size_t receiver, std::uint32_t sequence, std::size_t rank,
                 const collective_call& call, const shared_array<T>& block) {
   async_slot& slot = box.slot(receiver, sequence);
-  const std::uint32_t seq = sequence & async_slot::sequence_mask;
-  auto ready = [&](std::uint32_t s) {
-    return async_slot::phase_of(s) == async_slot::free || async_slot::sequence_of(s) == seq;
-  };
+  std::uint32_t now = wait_for_peer(w, slot, [&](std::uint32_t s) { return async_slot::reached(s, sequence); }, call.what,
+                                    box.paths[receiver]);
   for (;;) {
-    std::uint32_t now = wait_for_peer(w, slot, ready, call.what, box.paths[receiver]);
-    if (async_slot::sequence_of(now) == seq && async_slot::phase_of(now) == async_slot::abandoned) {
-      slot.state.store(async_slot::pack(seq, async_slot::free), std::memory_order_seq_cst);  // nobody wants it
-      slot.wake();
-      return;
-    }
+    if (async_slot::passed(now, sequence))
+      throw collective_error(message(call.what, ": device ", box.paths[rank], " sends to device ", box.paths[receiver],
+                                     ", which receives nothing in that call (", call.signature, "); every device must "
+                                     "start the same asynchronous collectives with the same pairs"));
+    if (async_slot::phase_of(now) == async_slot::abandoned) return slot.pass_on(sequence);  // nobody wants it
     if (async_slot::phase_of(now) == async_slot::posted)
       throw collective_error(message(call.what, ": devices ", box.paths[slot.source], " and ", box.paths[rank],
                                      " both send to device ", box.paths[receiver], " in the same asynchronous call; "
@@ -341,12 +357,12 @@ void post_block(world& w, async_mailbox& box, std::size_t receiver, std::uint32_
     slot.fingerprint = call.fingerprint, slot.source = rank;
     slot.signature.assign(call.signature);
     slot.block.hold(block);
-    if (slot.state.compare_exchange_strong(now, async_slot::pack(seq, async_slot::posted), std::memory_order_seq_cst,
+    if (slot.state.compare_exchange_strong(now, async_slot::pack(sequence, async_slot::posted), std::memory_order_seq_cst,
                                            std::memory_order_acquire)) {
       slot.wake();
       return;
     }
-    slot.block.reset();  // the receiver gave up meanwhile: the loop frees the slot
+    slot.block.reset();  // the receiver gave up, or passed the slot on, meanwhile
   }
 }
 
