@@ -70,7 +70,7 @@ inline std::string_view gather_options(int axis, bool tiled) { return option_tex
 /// all_gather's positional output dims: dim `a` times `g` (tiled), or `g` inserted at `a`.
 inline dims_t gathered_positional(dims_t positional, std::size_t a, std::size_t g, bool tiled) {
   if (tiled) positional[a] *= g;
-  else positional.insert(positional.begin() + static_cast<std::ptrdiff_t>(a), g);
+  else insert_dim(positional, a, g);
   return positional;
 }
 

@@ -25,7 +25,7 @@ xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::s
     positional[split] = chunk;
   } else {
     positional.erase(positional.begin() + static_cast<std::ptrdiff_t>(split));
-    positional.insert(positional.begin() + static_cast<std::ptrdiff_t>(concat), g);
+    insert_dim(positional, concat, g);
   }
   const std::size_t block = tiled ? positional[concat] : 1;  // the length of one member's piece along concat
   if (tiled) positional[concat] *= g;

@@ -32,6 +32,13 @@ namespace namedax::detail {
 /// Dimensions and strides as the kernels and rules pass them around: kept inline up to 8
 /// dims, so that describing a block or a member of a collective allocates nothing.
 using dims_t = xt::svector<std::size_t, 8>;
+
+/// Inserts `value` into `dims` before position `at`. Not svector's one-value insert, whose
+/// aliasing check g++ 12 reports as an out-of-bounds read (-Warray-bounds) when inlined.
+inline void insert_dim(dims_t& dims, std::size_t at, std::size_t value) {
+  dims.push_back(value);
+  std::rotate(dims.begin() + static_cast<std::ptrdiff_t>(at), dims.end() - 1, dims.end());
+}
 using strides_t = xt::svector<std::ptrdiff_t, 8>;
 
 /// A row-major array of `shape` whose elements are not initialized yet. A large one asks the

@@ -88,7 +88,7 @@ std::optional<xt::xarray<T>> all_gather_across_processes(std::string_view verb, 
   dims_t shape = call->in.shape;
   const std::size_t g = call->channel->size();
   if (tiled) shape[0] *= g;
-  else shape.insert(shape.begin(), g);
+  else insert_dim(shape, 0, g);
   auto out = uninitialized_array<T>(shape);
   call_keeping([&] { call->channel->allgather(call->in.data, out.data(), element_count(call->in.shape) * sizeof(T)); },
                out, call->contiguous);
