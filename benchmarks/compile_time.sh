@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Compile time as a metric: times the compilation (wall clock, best of 3, and peak memory) of a
 # translation unit that uses xtensor alone, of the flagship example, of one that only includes
-# namedax, and of one that uses every collective under vmap and pmap; prints each one's ratio
-# to the xtensor-only one and writes them to a CSV file.
+# namedax, of one that uses psum alone and of one that uses every collective, each under vmap
+# and pmap; then of the last one with namedax.hpp precompiled (the cost of the precompiled
+# header itself is a row of its own). Prints each one's ratio to the xtensor-only one and
+# writes them to a CSV file.
 #
 #   benchmarks/compile_time.sh [output.csv]      (default: compile_time.csv in the current directory)
 #
@@ -42,25 +44,59 @@ cat >"$work/namedax_include_only.cpp" <<'CPP'
 int main() { return 0; }
 CPP
 
+# One collective: psum under vmap and pmap, the smallest program that maps and communicates.
+cat >"$work/one_collective.cpp" <<'CPP'
+#include <namedax/namedax.hpp>
+
+#include <iostream>
+
+using namespace namedax::literals;
+
+int main() {
+  xt::xarray<float> x = xt::arange<float>(16).reshape({4, 4});
+  auto total = [](auto row) { return namedax::psum(row, "i"_ax); };
+  std::cout << namedax::vmap<"i">(total)(x) << namedax::pmap<"i">(total)(x) << "\n";
+  return 0;
+}
+CPP
+
 units=(xtensor_only:"$work/xtensor_only.cpp"
        namedax_include_only:"$work/namedax_include_only.cpp"
+       one_collective:"$work/one_collective.cpp"
        linear_regression:"$root/examples/linear_regression.cpp"
-       all_collectives:"$root/benchmarks/all_collectives.cpp")
+       all_collectives:"$root/benchmarks/all_collectives.cpp"
+       precompiled_header:PCH
+       all_collectives_with_pch:"$root/benchmarks/all_collectives.cpp")
+
+# Precompiled headers as g++ finds them (a .gch beside the header); other compilers skip them.
+if ! "$cxx" --version | grep -qi 'gcc\|g++'; then units=("${units[@]:0:5}"); fi
 
 have_time=0
 if [ -x /usr/bin/time ] && /usr/bin/time -f '%M' true >/dev/null 2>&1; then have_time=1; fi
 
 # GNU time's %M is the "Maximum resident set size" that `time -v` prints.
 # One compilation; prints "<wall seconds> <peak RSS in kB, or NA> <CPU seconds, or NA>".
+# The precompiled header: g++ takes $work/pch/namedax/namedax.hpp.gch in place of the header
+# when that directory comes first on the include path and the flags match.
 compile_once() {
   local source="$1"
+  local -a command=("$cxx" "${flags[@]}" -I"$root/include" -c "$source" -o "$work/unit.o")
+  if [ "$source" = PCH ]; then
+    mkdir -p "$work/pch/namedax"
+    # Built from a header that includes namedax.hpp (g++ warns about #pragma once in a main file).
+    echo '#include <namedax/namedax.hpp>' >"$work/pch_source.hpp"
+    command=("$cxx" "${flags[@]}" -I"$root/include" -x c++-header "$work/pch_source.hpp"
+             -o "$work/pch/namedax/namedax.hpp.gch")
+  elif [ -f "$work/pch/namedax/namedax.hpp.gch" ]; then
+    command=("$cxx" "${flags[@]}" -I"$work/pch" -I"$root/include" -Winvalid-pch -c "$source" -o "$work/unit.o")
+  fi
   if [ "$have_time" -eq 1 ]; then
-    /usr/bin/time -f '%e %M %U %S' -o "$work/time.txt" "$cxx" "${flags[@]}" -I"$root/include" -c "$source" -o "$work/unit.o" || return 1
+    /usr/bin/time -f '%e %M %U %S' -o "$work/time.txt" "${command[@]}" || return 1
     awk '{ printf "%s %s %.2f\n", $1, $2, $3 + $4 }' "$work/time.txt"
   else
     local start end
     start=$(date +%s.%N)
-    "$cxx" "${flags[@]}" -I"$root/include" -c "$source" -o "$work/unit.o" || return 1
+    "${command[@]}" || return 1
     end=$(date +%s.%N)
     echo "$(awk -v s="$start" -v e="$end" 'BEGIN { printf "%.2f", e - s }') NA NA"
   fi
