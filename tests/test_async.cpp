@@ -107,6 +107,18 @@ TEST_SUITE("async") {
     check_same_as_blocking<float>(rng, 4, {300, 50}, ring(4));
   }
 
+  TEST_CASE("a ring shift started, computed over, and waited (docs/guide.md)") {
+    xt::xarray<float> x = xt::arange<float>(8).reshape({4, 2});
+    auto f = [](auto x) {
+      auto h = namedax::async::ppermute(x, "i"_ax, {{0, 1}, {1, 2}, {2, 3}, {3, 0}});
+      auto local = x * 10.0f;  // computed while the block travels
+      return local + h.wait();
+    };
+    xt::xarray<float> expected{{6.f, 17.f}, {20.f, 31.f}, {42.f, 53.f}, {64.f, 75.f}};
+    CHECK_BITWISE(namedax::vmap<"i">(f)(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x), expected);
+  }
+
   TEST_CASE("the sent block is captured at start: rebinding the operand before wait changes nothing") {
     xt::xarray<float> xs = xt::arange<float>(12).reshape({4, 3});
     auto f = [](auto x) {
