@@ -13,7 +13,8 @@
 # MPI the MPI baselines are left out and their target lines say "no data". Last, the overhead
 # of namedax over MPI against the raw MPI calls (benchmarks/mpi_overhead.cpp), with namedax's
 # per-call agreement on and off. Also the local reductions (benchmarks/local_ops.cpp) and the
-# contractions through OpenBLAS (benchmarks/contractions.cpp), each against same-run baselines.
+# contractions through OpenBLAS (benchmarks/contractions.cpp), each against same-run baselines, and a
+# collective matmul on 4 devices with an async::ppermute ring (benchmarks/collective_matmul.cpp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,7 +48,7 @@ have_mpi=1
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DNAMEDAX_BUILD_TESTS=OFF -DNAMEDAX_BUILD_EXAMPLES=OFF \
   -DNAMEDAX_BUILD_BENCHMARKS=ON >/dev/null
-targets=(device_collectives vectorized_collectives local_ops contractions)
+targets=(device_collectives vectorized_collectives local_ops contractions collective_matmul)
 build_targets=$(cmake --build "$build" --target help)  # mpi_baseline exists only where CMake found MPI
 if [ "$have_mpi" -eq 1 ] && [[ "$build_targets" == *mpi_baseline* ]]; then
   targets+=(mpi_baseline mpi_overhead)
@@ -110,6 +111,10 @@ start=$(date +%s)
   # xeinsum matmuls through OpenBLAS under vmap and pmap against cblas_sgemm (2048 left out with --quick).
   if [ "$quick" -eq 1 ]; then "$build/benchmarks/contractions" --sizes 512 --batches 1,4 --devices 2,4
   else "$build/benchmarks/contractions" --sizes 512,2048 --batches 1,4 --devices 2,4; fi
+  echo
+  # A collective matmul on 4 devices: all_gather then matmul, a blocking ring, an async::ppermute ring.
+  if [ "$quick" -eq 1 ]; then "$build/benchmarks/collective_matmul" --rows 128 --rounds 5
+  else "$build/benchmarks/collective_matmul" --rows 128,512 --rounds 7; fi
   python3 benchmarks/report.py "$results"
   if [ "$have_mpi" -eq 1 ]; then
     overhead_sizes="1024,65536,1048576,16777216"

@@ -256,7 +256,6 @@ TEST_SUITE("async") {
     xt::xarray<float> xs = xt::arange<float>(8).reshape({4, 2});
     // Only device 2 drops its handle; the others wait for theirs (device 2's block was sent).
     auto f = [](auto x) {
-      std::optional<int> keep;
       {
         auto h = namedax::async::ppermute(x, "i"_ax, ring(4));
         if (device_index(4) != 2) return namedax::eval(h.wait());

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: MIT
+// A collective matmul on 4 pmap devices: every device holds a block of b rows of x (b x k)
+// and a block of c columns of w (k x c), and computes all_gather(x) @ w (4b x c). Three ways,
+// timed in alternating rounds of the same run: all_gather then one matmul; a ring of blocking
+// ppermutes (step s multiplies the block that came from s devices back, then passes it on);
+// the same ring with namedax::async::ppermute, the next block started before the current one
+// is multiplied. Prints each time and the ratios (above 1: the first is faster).
+//
+//   collective_matmul --rows 128,512 --inner 512 --cols 256 --rounds 7
+#include "bench_common.hpp"
+
+#include <namedax/namedax.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <thread>
+
+using namespace namedax::literals;
+
+namespace {
+
+constexpr std::size_t devices = 4;
+volatile float sink;
+
+const std::vector<std::pair<int, int>> ring{{0, 1}, {1, 2}, {2, 3}, {3, 0}};
+
+auto matmul = [](const auto& a, const auto& b) { return namedax::xeinsum<"ij,jk->ik">(a, b); };
+
+auto gather_then_multiply = [](auto x, auto w) {
+  return namedax::eval(matmul(namedax::all_gather(x, "i"_ax, {.tiled = true}), w));
+};
+
+/// Step s multiplies the block of device (d - s) mod 4; the parts stack in step order.
+auto blocking_ring = [](auto x, auto w) {
+  auto b0 = namedax::eval(x);
+  auto p0 = matmul(b0, w);
+  auto b1 = namedax::ppermute(b0, "i"_ax, ring);
+  auto p1 = matmul(b1, w);
+  auto b2 = namedax::ppermute(b1, "i"_ax, ring);
+  auto p2 = matmul(b2, w);
+  auto b3 = namedax::ppermute(b2, "i"_ax, ring);
+  auto p3 = matmul(b3, w);
+  return namedax::eval(namedax::concat(std::tuple{p0, p1, p2, p3}, 0));
+};
+
+/// The same ring, each block sent on before the one in hand is multiplied.
+auto async_ring = [](auto x, auto w) {
+  auto b0 = namedax::eval(x);
+  auto h = namedax::async::ppermute(b0, "i"_ax, ring);
+  auto p0 = matmul(b0, w);
+  auto b1 = h.wait();
+  h = namedax::async::ppermute(b1, "i"_ax, ring);
+  auto p1 = matmul(b1, w);
+  auto b2 = h.wait();
+  h = namedax::async::ppermute(b2, "i"_ax, ring);
+  auto p2 = matmul(b2, w);
+  auto b3 = h.wait();
+  auto p3 = matmul(b3, w);
+  return namedax::eval(namedax::concat(std::tuple{p0, p1, p2, p3}, 0));
+};
+
+xt::xarray<float> random_blocks(std::vector<std::size_t> shape, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  xt::xarray<float> a = xt::xarray<float>::from_shape(shape);
+  for (auto& v : a) v = u(rng);
+  return a;
+}
+
+double time_after_pause(const auto& f) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // idle BLAS and TBB threads stop spinning
+  const auto start = bench::clock::now();
+  f();
+  return bench::since(start);
+}
+
+/// Whether device d's ring result (parts in step order) holds the gathered result's rows.
+bool ring_matches(const xt::xarray<float>& ring_out, const xt::xarray<float>& gathered, std::size_t b, double& worst) {
+  bool same_shape = ring_out.shape() == gathered.shape();
+  if (!same_shape) return false;
+  const std::size_t c = gathered.shape()[2];
+  for (std::size_t d = 0; d < devices; ++d)
+    for (std::size_t s = 0; s < devices; ++s) {
+      const std::size_t source = (d + devices - s) % devices;
+      for (std::size_t r = 0; r < b; ++r)
+        for (std::size_t j = 0; j < c; ++j) {
+          const double diff = std::abs(double(ring_out(d, s * b + r, j)) - double(gathered(d, source * b + r, j)));
+          worst = std::max(worst, diff);
+        }
+    }
+  return worst < 1e-3;
+}
+
+/// Same shape and bits.
+bool same_bits(const xt::xarray<float>& a, const xt::xarray<float>& b) {
+  return a.shape() == b.shape() && std::equal(a.begin(), a.end(), b.begin(), [](float u, float v) {
+           return std::memcmp(&u, &v, sizeof u) == 0;
+         });
+}
+
+void run_case(std::size_t b, std::size_t k, std::size_t c, int rounds) {
+  const auto x = random_blocks({devices, b, k}, 1), w = random_blocks({devices, k, c}, 2);
+  auto gathered = [&] { return xt::xarray<float>(namedax::pmap<"i">(gather_then_multiply)(x, w)); };
+  auto blocking = [&] { return xt::xarray<float>(namedax::pmap<"i">(blocking_ring)(x, w)); };
+  auto started = [&] { return xt::xarray<float>(namedax::pmap<"i">(async_ring)(x, w)); };
+  const auto g = gathered(), r = blocking(), a = started();
+  double worst = 0;
+  const bool ok = ring_matches(r, g, b, worst) && same_bits(r, a);
+  double t_gather = 1e30, t_blocking = 1e30, t_async = 1e30;
+  for (int round = 0; round < rounds; ++round) {
+    t_gather = std::min(t_gather, time_after_pause([&] { sink = gathered()(0, 0, 0); }));
+    t_blocking = std::min(t_blocking, time_after_pause([&] { sink = blocking()(0, 0, 0); }));
+    t_async = std::min(t_async, time_after_pause([&] { sink = started()(0, 0, 0); }));
+  }
+  const double flops = 2.0 * double(devices) * double(devices * b) * double(k) * double(c);
+  std::printf("b=%-5zu k=%-5zu c=%-5zu  all_gather+matmul %8.3f ms  ring %8.3f ms  async ring %8.3f ms  "
+              "(%6.1f GFLOP/s)  ring/async %5.2f  all_gather/async %5.2f  %s (max diff to all_gather %.2g)\n",
+              b, k, c, t_gather * 1e3, t_blocking * 1e3, t_async * 1e3, flops / t_async * 1e-9, t_blocking / t_async,
+              t_gather / t_async, ok ? "checked" : "MISMATCH", worst);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::options opt(argc, argv, {{"rows", "128,512"}, {"inner", "512"}, {"cols", "256"}, {"rounds", "7"}});
+  const auto rows = bench::parse_list(opt["rows"]);
+  const std::size_t k = std::stoull(opt["inner"]), c = std::stoull(opt["cols"]);
+  const int rounds = std::stoi(opt["rounds"]);
+  std::printf("collective matmul all_gather(x) @ w on %zu pmap devices, float32, %zu cores; best of %d alternating "
+              "rounds; ratios above 1: async ring faster\n",
+              devices, bench::hardware_threads(), rounds);
+  for (std::size_t b : rows) run_case(b, k, c, rounds);
+}
