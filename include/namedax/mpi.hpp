@@ -177,6 +177,17 @@ class channel final : public process_channel {
     check(sent, "MPI_Sendrecv");
     finish(requests, 2, "MPI_Sendrecv");
   }
+  /// MPI_Irecv and MPI_Isend now; wait() is the wait of sendrecv (wait_or_abandon).
+  std::unique_ptr<pending_sendrecv> start_sendrecv(const void* in, long to, void* out, long from,
+                                                   std::size_t bytes) override {
+    const int n = count_of(bytes, "MPI_Sendrecv");
+    auto started = std::make_unique<pending>(*this);
+    check(MPI_Irecv(out, n, MPI_BYTE, from < 0 ? MPI_PROC_NULL : static_cast<int>(from), 0, comm_, &started->requests[0]),
+          "MPI_Sendrecv");
+    check(MPI_Isend(in, n, MPI_BYTE, to < 0 ? MPI_PROC_NULL : static_cast<int>(to), 0, comm_, &started->requests[1]),
+          "MPI_Sendrecv");  // on failure, the receive is let go of as the pending call goes
+    return started;
+  }
   /// Whether a call on this communicator was left pending (another process failed in it).
   [[nodiscard]] bool abandoned() const { return abandoned_; }
 
@@ -196,6 +207,24 @@ class channel final : public process_channel {
     }();
     return ops[(kind == element_kind::float64 ? 2 : 0) + (max ? 0 : 1)];
   }
+
+  /// A sendrecv in flight. Dropped before wait(), its requests are freed (MPI completes them
+  /// in the background) and its buffers are kept by its owner for the rest of the program.
+  class pending final : public pending_sendrecv {
+   public:
+    explicit pending(channel& c) : channel_(c) {}
+    pending(const pending&) = delete;
+    pending& operator=(const pending&) = delete;
+    ~pending() override {
+      for (auto& r : requests)
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    }
+    void wait() override { channel_.finish(requests, 2, "MPI_Sendrecv"); }
+    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+
+   private:
+    channel& channel_;
+  };
 
   void finish(MPI_Request* requests, int count, std::string_view call) {
     try {

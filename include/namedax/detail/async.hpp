@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: MIT
-// Asynchronous collectives among device threads: a mailbox per communicator where a sender
+// Asynchronous collectives: among device threads, a mailbox per communicator where a sender
 // leaves its block for the receiver without waiting for it, and the receipt by which the
-// receiver later takes it, with the same errors instead of hangs as the blocking exchanges.
+// receiver later takes it, with the same errors instead of hangs as the blocking exchanges;
+// among MPI processes, nonblocking MPI calls waited for at wait().
 #pragma once
 // IWYU pragma: private, include <namedax/async.hpp>
 
 #include <namedax/collectives.hpp>
 #include <namedax/detail/ppermute.hpp>
+#include <namedax/detail/process_rules.hpp>
 #include <namedax/detail/rendezvous.hpp>
 
 #include <array>
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <utility>
@@ -398,6 +401,85 @@ async_receipt start_permute(std::string_view verb, const shared_array<T>& mine, 
   return receipt;
 }
 
+/// This process's side of an asynchronous ppermute among MPI processes: the pending
+/// MPI_Isend and MPI_Irecv, and the arrays they read and write, until wait() finishes them.
+/// Dropped before, or failed in, the wait, it keeps those arrays for the rest of the program,
+/// since MPI may still read and write them.
+class process_receipt {
+ public:
+  process_receipt() = default;
+  process_receipt(std::unique_ptr<process_channel::pending_sendrecv> pending, std::shared_ptr<void> sent,
+                  std::shared_ptr<void> received)
+      : pending_(std::move(pending)), sent_(std::move(sent)), received_(std::move(received)) {}
+  process_receipt(process_receipt&& other) noexcept { *this = std::move(other); }
+  process_receipt& operator=(process_receipt&& other) noexcept {
+    if (this != &other) {
+      cancel();
+      pending_ = std::move(other.pending_), sent_ = std::move(other.sent_), received_ = std::move(other.received_);
+    }
+    return *this;
+  }
+  ~process_receipt() { cancel(); }
+
+  [[nodiscard]] bool active() const { return received_ != nullptr; }
+
+  /// Waits for the MPI requests and returns what arrived (zeros where nothing does).
+  template <class T>
+  shared_array<T> take() {
+    if (pending_) {
+      try {
+        pending_->wait();
+      } catch (...) {
+        cancel();
+        throw;
+      }
+    }
+    pending_.reset(), sent_.reset();
+    auto received = std::static_pointer_cast<xt::xarray<T>>(std::exchange(received_, nullptr));
+    return share_array<T>(std::move(*received));
+  }
+
+  void cancel() noexcept {
+    if (!active()) return;
+    pending_.reset();  // lets go of the requests, which MPI completes on its own
+    // Never destroyed: the arrays would go back to pools that are gone at exit.
+    static std::mutex lock;
+    static auto* kept = new std::vector<std::shared_ptr<void>>;
+    try {
+      std::lock_guard guard(lock);
+      kept->push_back(std::move(sent_)), kept->push_back(std::move(received_));
+    } catch (...) {  // out of memory: the arrays are leaked instead
+      new std::shared_ptr<void>(std::move(sent_)), new std::shared_ptr<void>(std::move(received_));
+    }
+    sent_.reset(), received_.reset();
+  }
+
+ private:
+  std::unique_ptr<process_channel::pending_sendrecv> pending_;
+  std::shared_ptr<void> sent_, received_;
+};
+
+/// Starts ppermute among MPI processes, where every axis is a process axis along which the
+/// value varies (as the blocking one's MPI_Sendrecv path): the processes agree on the call
+/// (as every collective over processes does), then MPI_Irecv and MPI_Isend start.
+template <class T>
+process_receipt start_permute_across_processes(std::string_view verb, const shared_array<T>& mine,
+                                               std::span<const named_axis> axes, const permutation_t& perm) {
+  auto call = whole_payloads<T>(verb, block_of(mine), axes, std::nullopt, false, pairs_options(perm));
+  const auto from = senders(verb, axes, perm, member_count(axes));
+  const auto me = static_cast<long>(call->channel->rank());
+  long to = -1;
+  for (auto [source, destination] : perm)
+    if (source == me) to = destination;
+  auto received = std::make_shared<xt::xarray<T>>(uninitialized_array<T>(call->in.shape));
+  const long source = from[static_cast<std::size_t>(me)];
+  if (source < 0) std::fill(received->begin(), received->end(), T{});
+  const void* in = call->in.data;  // in `mine`, or in `contiguous`, whose buffer a move keeps
+  auto sent = std::make_shared<std::pair<shared_array<T>, xt::xarray<T>>>(mine, std::move(call->contiguous));
+  auto pending = call->channel->start_sendrecv(in, to, received->data(), source, received->size() * sizeof(T));
+  return process_receipt(std::move(pending), std::move(sent), std::move(received));
+}
+
 /// What a handle holds: the result itself when it was computed at start (vmap, and every case
 /// that is not an exchange among device threads), or the receipt of the block to come and how
 /// to type it as the blocking collective types its result.
@@ -407,8 +489,13 @@ class async_state {
   using result_type = R;
   async_state() = default;
   async_state(std::string (*what)(), R value) : what_(what), value_(std::move(value)) { note_caller(); }
-  async_state(std::string (*what)(), async_receipt receipt, dims_t shape, R (*receive)(async_receipt&, const dims_t&))
+  using receive_fn = R (*)(async_receipt&, process_receipt&, const dims_t&);
+  async_state(std::string (*what)(), async_receipt receipt, dims_t shape, receive_fn receive)
       : what_(what), receipt_(std::move(receipt)), shape_(std::move(shape)), receive_(receive) {
+    note_caller();
+  }
+  async_state(std::string (*what)(), process_receipt receipt, receive_fn receive)
+      : what_(what), process_(std::move(receipt)), receive_(receive) {
     note_caller();
   }
   async_state(async_state&& other) noexcept { *this = std::move(other); }
@@ -416,6 +503,7 @@ class async_state {
     if (this != &other) {
       drop();
       what_ = other.what_, value_ = std::move(other.value_), receipt_ = std::move(other.receipt_);
+      process_ = std::move(other.process_);
       shape_ = std::move(other.shape_), receive_ = other.receive_, device_ = std::move(other.device_);
       exceptions_ = other.exceptions_;
       other.value_.reset(), other.receive_ = nullptr;
@@ -424,14 +512,14 @@ class async_state {
   }
   ~async_state() = default;
 
-  [[nodiscard]] bool pending() const { return value_.has_value() || receipt_.active(); }
+  [[nodiscard]] bool pending() const { return value_.has_value() || receipt_.active() || process_.active(); }
 
   R wait() {
     if (!pending())
       fail(what_ ? what_() : std::string("namedax::async"), ": wait() was called on a handle that holds no exchange",
            where(), " (it was waited already, or moved from); call wait() once on each started handle");
     if (value_) return std::exchange(value_, std::nullopt).value();
-    return receive_(receipt_, shape_);
+    return receive_(receipt_, process_, shape_);
   }
 
   /// A handle that goes away pending: its exchange is cancelled, and unless an exception is
@@ -439,6 +527,7 @@ class async_state {
   void drop() {
     if (!pending()) return;
     receipt_.cancel();
+    process_.cancel();
     value_.reset();
     if (std::uncaught_exceptions() > exceptions_) return;
     throw collective_error(message(what_(), ": a handle was dropped without wait()", where(),
@@ -456,7 +545,8 @@ class async_state {
   std::optional<R> value_;
   async_receipt receipt_;
   dims_t shape_;
-  R (*receive_)(async_receipt&, const dims_t&) = nullptr;
+  process_receipt process_;
+  receive_fn receive_ = nullptr;
   std::shared_ptr<device_record> device_;
   int exceptions_ = 0;
 };
@@ -471,8 +561,9 @@ std::string async_what() {
 }
 
 /// Starts ppermute: among device threads, a leaf that varies along every name leaves its array
-/// for its destination at once (start_permute); every other case (vmap, a mix of placements,
-/// processes, pytrees, deferred values) runs the blocking ppermute now and keeps its result.
+/// for its destination at once (start_permute); among MPI processes, it starts MPI_Isend and
+/// MPI_Irecv (start_permute_across_processes); every other case (vmap, a mix of placements,
+/// pytrees, deferred values) runs the blocking ppermute now and keeps its result.
 template <class Verb, class X, class A>
 auto start_ppermute(const X& x, const A& axes, const permutation_t& perm) {
   using R = decltype(namedax::ppermute(x, axes, perm));
@@ -489,8 +580,14 @@ auto start_ppermute(const X& x, const A& axes, const permutation_t& perm) {
           const auto owned = namedax::eval(x);  // the block sent: the caller may rebind x meanwhile
           auto receipt = start_permute<T>(Verb::name, owned.payload(), named_axes, *threads, perm);
           dims_t shape(owned.payload().shape().begin(), owned.payload().shape().end());
-          auto receive = [](async_receipt& r, const dims_t& s) -> R { return R(r.take<T>(s)); };
+          auto receive = [](async_receipt& r, process_receipt&, const dims_t& s) -> R { return R(r.take<T>(s)); };
           return async_state<R>(what, std::move(receipt), std::move(shape), +receive);
+        }
+        if (placed_on_processes(named_axes)) {
+          const auto owned = namedax::eval(x);
+          auto receipt = start_permute_across_processes<T>(Verb::name, owned.payload(), named_axes, perm);
+          auto receive = [](async_receipt&, process_receipt& p, const dims_t&) -> R { return R(p.take<T>()); };
+          return async_state<R>(what, std::move(receipt), +receive);
         }
       }
     }

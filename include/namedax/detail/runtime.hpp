@@ -64,6 +64,20 @@ struct process_channel {
   virtual void broadcast(void* data, std::size_t bytes, std::size_t root) = 0;
   /// Sends `bytes` to rank `to` and receives them from rank `from` (-1: none).
   virtual void sendrecv(const void* in, long to, void* out, long from, std::size_t bytes) = 0;
+  /// A sendrecv started and not yet finished (MPI_Isend and MPI_Irecv): wait() finishes it.
+  /// Destroyed before wait(), it lets go of its requests, and `in` and `out` must then stay
+  /// for the rest of the program, since the transport may still read and write them.
+  struct pending_sendrecv {
+    virtual ~pending_sendrecv() = default;
+    virtual void wait() = 0;
+  };
+  /// Starts a sendrecv and returns without waiting for it; `in` and `out` must stay until it
+  /// is finished. A transport without such calls finishes it here (and returns nothing).
+  virtual std::unique_ptr<pending_sendrecv> start_sendrecv(const void* in, long to, void* out, long from,
+                                                           std::size_t bytes) {
+    sendrecv(in, to, out, from, bytes);
+    return nullptr;
+  }
 };
 
 /// The process axes of the enclosing maps and every channel among them. One per process and

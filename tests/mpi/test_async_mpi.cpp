@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: MIT
+// namedax::async::ppermute over MPI processes, run under mpirun: MPI_Isend and MPI_Irecv at
+// the start, MPI_Wait at wait(); the same bits as vmap of the blocking ppermute, rings with two
+// handles in flight, and a handle dropped on one process reported on every process.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "../test_support.hpp"
+
+#include <namedax/mpi.hpp>
+
+#include <atomic>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+
+using namespace namedax::literals;
+using pairs_t = std::vector<std::pair<int, int>>;
+
+namespace {
+
+std::size_t processes = 0;
+std::size_t world_rank = 0;
+
+// Where the exchange went: the fault hook sees the operation at each point it passes.
+std::atomic<int> async_exchanges{0};
+void count_exchanges(namedax::detail::fault_point point, std::string_view operation) {
+  if (point == namedax::detail::fault_point::exchanged && operation == "async::ppermute") ++async_exchanges;
+}
+
+pairs_t ring(std::size_t n) {
+  pairs_t pairs;
+  for (std::size_t k = 0; k < n; ++k) pairs.emplace_back(static_cast<int>(k), static_cast<int>((k + 1) % n));
+  return pairs;
+}
+
+}  // namespace
+
+TEST_SUITE("async over MPI") {
+  TEST_CASE("async::ppermute over processes gives vmap's blocking ppermute, bit for bit, full and partial pairs") {
+    std::mt19937 rng(11);  // the same on every process
+    for (int trial = 0; trial < 6; ++trial) {
+      const std::size_t n = processes;
+      std::vector<int> order(n);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      pairs_t pairs;
+      const std::size_t count = trial % 2 == 0 ? n : n / 2;
+      for (std::size_t k = 0; k < count; ++k)
+        pairs.emplace_back(order[k], order[(k + 1) % n]);
+      if (count < n) pairs.pop_back();  // a partial permutation: some processes get zeros
+      const auto x = namedax_test::random_array<float>(rng, {n, 1 + static_cast<std::size_t>(trial), 3});
+      auto blocking = [&](auto v) { return namedax::ppermute(v, "i"_ax, pairs); };
+      auto started = [&](auto v) {
+        auto h = namedax::async::ppermute(v, "i"_ax, pairs);
+        auto local = v * 2.0f;  // computed while the blocks travel
+        return h.wait() + local * 0.0f;
+      };
+      CAPTURE(trial);
+      namedax::detail::fault_injection() = &count_exchanges;
+      async_exchanges = 0;
+      const xt::xarray<float> got = namedax::mpi::pmap<"i">(started)(x);
+      namedax::detail::fault_injection() = nullptr;
+      CHECK(async_exchanges == 1);  // one nonblocking exchange started, not the blocking one
+      CHECK_BITWISE(got, namedax::vmap<"i">(blocking)(x));
+    }
+  }
+
+  TEST_CASE("a ring of n-1 steps over processes with two handles in flight") {
+    const std::size_t n = processes;
+    std::mt19937 rng(3);
+    const auto x = namedax_test::random_array<float>(rng, {n, 4});
+    auto f = [n](auto v) {
+      auto block = namedax::eval(v);
+      auto sum = namedax::eval(v);
+      auto a = namedax::async::ppermute(block, "i"_ax, ring(n));
+      auto b = namedax::async::ppermute(block * 2.0f, "i"_ax, ring(n));
+      for (std::size_t step = 1; step < n; ++step) {
+        auto got_a = a.wait();
+        auto got_b = b.wait();
+        if (step + 1 < n) {
+          a = namedax::async::ppermute(got_a, "i"_ax, ring(n));
+          b = namedax::async::ppermute(got_b, "i"_ax, ring(n));
+        }
+        sum = sum + got_a + got_b;
+        block = got_a;
+      }
+      return sum;
+    };
+    auto reference = [n](auto v) {
+      auto block = namedax::eval(v);
+      auto doubled = namedax::eval(v * 2.0f);
+      auto sum = namedax::eval(v);
+      for (std::size_t step = 1; step < n; ++step) {
+        auto got = namedax::ppermute(block, "i"_ax, ring(n));
+        auto other = namedax::ppermute(doubled, "i"_ax, ring(n));
+        sum = sum + got + other;
+        block = got;
+        doubled = other;
+      }
+      return sum;
+    };
+    CHECK_BITWISE(namedax::mpi::pmap<"i">(f)(x), namedax::vmap<"i">(reference)(x));
+  }
+
+  TEST_CASE("a handle dropped on one process: every process gets an error naming it, nothing hangs") {
+    const std::size_t n = processes;
+    xt::xarray<float> x = xt::arange<float>(static_cast<float>(n * 2)).reshape({n, 2});
+    auto f = [n](auto v) {
+      auto h = namedax::async::ppermute(v, "i"_ax, ring(n));
+      if (namedax::axis_index("i"_ax) == 1) return namedax::eval(v);  // drops h
+      return namedax::eval(h.wait());
+    };
+    const std::string e = namedax_test::error_of([&] { namedax::mpi::pmap<"i">(f)(x); });
+    INFO(e);
+    CHECK(e.find("namedax::async::ppermute over ('i',): a handle was dropped without wait()") != std::string::npos);
+    // The next map runs normally.
+    auto g = [n](auto v) { return namedax::async::ppermute(v, "i"_ax, ring(n)).wait(); };
+    CHECK_BITWISE(namedax::mpi::pmap<"i">(g)(x),
+                  namedax::vmap<"i">([n](auto v) { return namedax::ppermute(v, "i"_ax, ring(n)); })(x));
+  }
+}
+
+int main(int argc, char** argv) {
+  namedax::mpi::environment environment(argc, argv);
+  processes = static_cast<std::size_t>(environment.size());
+  world_rank = static_cast<std::size_t>(environment.rank());
+  if (processes < 2) {
+    if (world_rank == 0) std::fprintf(stderr, "run the async MPI tests on at least 2 processes\n");
+    return 2;
+  }
+  doctest::Context context(argc, argv);
+  if (world_rank != 0) context.setOption("minimal", true);
+  const int failed = context.run() != 0 ? 1 : 0;
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (world_rank == 0)
+    std::printf("%zu processes: %s\n", processes, any_failed ? "some process failed" : "every process passed");
+  return any_failed;
+}
