@@ -248,6 +248,15 @@ struct deferred_from<Fn, type_list<Names...>> {
   using type = deferred<Fn, Names...>;
 };
 
+/// An operation on a deferred operand x that also awaits `Names`: a value that waits for
+/// its environment, then computes `then(x resolved in it)`.
+template <class X, class... Names, class Then>
+auto defer_with(const X& x, type_list<Names...>, Then then) {
+  auto later = [x, then]<class Env>(Env) { return then(x.template resolve<Env>()); };
+  using awaited = typename type_list_cat<names_awaited_t<X>, type_list<Names...>>::type;
+  return typename deferred_from<decltype(later), awaited>::type{later};
+}
+
 /// Checks that the broadcast of a new elementwise node's operands can be counted, naming
 /// their positional shapes (the payload's, without the `vectorized` dims at its end) if not.
 template <class E>

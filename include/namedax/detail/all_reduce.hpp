@@ -70,11 +70,9 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     fail("namedax::", verb, ": axis_index_groups cannot be combined with positional axes; reduce the positional "
          "axes in a separate call");
   if constexpr (DeferredValue<X>) {
-    auto later = [x, list, groups]<class Env>(Env) {
-      return all_reduce_leaf<Verb, K, Grouped>(x.template resolve<Env>(), list, groups);
-    };
-    using awaited = typename type_list_cat<names_awaited_t<X>, type_list<Names...>>::type;
-    return typename deferred_from<decltype(later), awaited>::type{later};
+    return defer_with(x, type_list<Names...>{}, [list, groups](const auto& resolved) {
+      return all_reduce_leaf<Verb, K, Grouped>(resolved, list, groups);
+    });
   } else if constexpr (NamedValue<X>) {
     using Env = typename X::env_type;
     require_bound<Verb, Env, Names...>();

@@ -84,11 +84,9 @@ struct foreign_option_fields {
 template <class Verb, bool Invariant, bool Sums, class X, class... Names, class Rule>
 auto collective_leaf(const X& x, type_list<Names...> names, Rule rule) {
   if constexpr (DeferredValue<X>) {
-    auto later = [x, names, rule]<class Env>(Env) {
-      return collective_leaf<Verb, Invariant, Sums>(x.template resolve<Env>(), names, rule);
-    };
-    using awaited = typename type_list_cat<names_awaited_t<X>, type_list<Names...>>::type;
-    return typename deferred_from<decltype(later), awaited>::type{later};
+    return defer_with(x, names, [names, rule](const auto& resolved) {
+      return collective_leaf<Verb, Invariant, Sums>(resolved, names, rule);
+    });
   } else {
     static_assert(NamedValue<X>, "namedax: this collective takes a mapped value (an argument of the function given "
                                  "to vmap or pmap, or a value computed from one)");

@@ -203,9 +203,7 @@ auto axis_index_value(const axis_list<P, Names...>&) {
 template <class Verb, class X, class... Names>
 auto pvary_leaf(const X& x, type_list<Names...> names) {
   if constexpr (DeferredValue<X>) {
-    auto later = [x, names]<class Env>(Env) { return pvary_leaf<Verb>(x.template resolve<Env>(), names); };
-    using awaited = typename type_list_cat<names_awaited_t<X>, type_list<Names...>>::type;
-    return typename deferred_from<decltype(later), awaited>::type{later};
+    return defer_with(x, names, [names](const auto& resolved) { return pvary_leaf<Verb>(resolved, names); });
   } else {
     static_assert(NamedValue<X>, "namedax::pvary: takes a mapped value (an argument of the function given to vmap "
                                  "or pmap, or a value computed from one)");
@@ -272,13 +270,13 @@ struct arg_extreme_verb {
   }
 };
 
-/// pdot's local product, before the sum over the named axes: a contraction over positional
-/// dims of x and y (either may be a plain array), typed as varying where either does.
-template <class Verb, class X, class Y, class A>
-auto local_pdot(const X& x, const Y& y, const A& axes, const dimension_pairs& pos_contract,
-                const dimension_pairs& pos_batch) {
+/// dot_general of two operands with named axes, summing over no name: pdot's local product
+/// (either operand may be a plain array), typed as varying where either does. On device
+/// threads each product runs on the calling thread alone.
+template <class X, class Y>
+auto local_dot(std::string_view verb, const X& x, const Y& y, const dimension_pairs& contract,
+               const dimension_pairs& batch) {
   using Env = typename merged_env<env<>, X, Y>::type;
-  [&]<class... Names>(type_list<Names...>) { require_bound<Verb, Env, Names...>(); }(names_only(to_axis_list(axes)));
   using TX = value_type_of_t<X>;
   using TY = value_type_of_t<Y>;
   using R = std::common_type_t<TX, TY>;
@@ -288,10 +286,17 @@ auto local_pdot(const X& x, const Y& y, const A& axes, const dimension_pairs& po
   xt::xarray<TY> y_storage;
   auto bx = block_in_memory<TX>(px, x_storage);
   auto by = block_in_memory<TY>(py, y_storage);
-  auto local = dot_general<R>(Verb::name, bx, bx.shape.size() - Env::vectorized_count, by,
-                              by.shape.size() - Env::vectorized_count, pos_contract, pos_batch, Env::device_mask != 0);
-  constexpr axis_mask varying = mask_of<X>() | mask_of<Y>();
-  return make_named<shared_array<R>, Env, varying>(share_array<R>(std::move(local)));
+  auto local = dot_general<R>(verb, bx, bx.shape.size() - Env::vectorized_count, by,
+                              by.shape.size() - Env::vectorized_count, contract, batch, Env::device_mask != 0);
+  return make_named<shared_array<R>, Env, mask_of<X>() | mask_of<Y>()>(share_array<R>(std::move(local)));
+}
+
+/// pdot's local product, once its names are checked against the operands' environment.
+template <class Verb, class X, class Y, class A>
+auto local_pdot(const X& x, const Y& y, const A& axes, const dimension_pairs& contract, const dimension_pairs& batch) {
+  using Env = typename merged_env<env<>, X, Y>::type;
+  [&]<class... Names>(type_list<Names...>) { require_bound<Verb, Env, Names...>(); }(names_only(to_axis_list(axes)));
+  return local_dot(Verb::name, x, y, contract, batch);
 }
 
 /// pgather once src and idx are in one environment: src's payload read in place, idx's

@@ -219,27 +219,7 @@ auto broadcast_positional(const C& ct, const std::vector<std::size_t>& dims, con
 /// The positional rank of a named value or an xtensor expression.
 template <class X>
 std::size_t positional_rank_of(const X& x) {
-  if constexpr (NamedValue<X>) return x.dimension();
-  else return x.dimension();
-}
-
-/// dot_general of two operands with named axes, summing over no name (pdot's local product).
-template <class A, class B>
-auto local_dot(std::string_view verb, const A& a, const B& b, const dimension_pairs& contract,
-               const dimension_pairs& batch) {
-  using Env = typename merged_env<env<>, A, B>::type;
-  using TA = value_type_of_t<A>;
-  using TB = value_type_of_t<B>;
-  using R = std::common_type_t<TA, TB>;
-  auto pa = payload_in<Env>(a);
-  auto pb = payload_in<Env>(b);
-  xt::xarray<TA> a_storage;
-  xt::xarray<TB> b_storage;
-  auto ba = block_in_memory<TA>(pa, a_storage);
-  auto bb = block_in_memory<TB>(pb, b_storage);
-  auto local = dot_general<R>(verb, ba, ba.shape.size() - Env::vectorized_count, bb,
-                              bb.shape.size() - Env::vectorized_count, contract, batch);
-  return make_named<shared_array<R>, Env, mask_of<A>() | mask_of<B>()>(share_array<R>(std::move(local)));
+  return x.dimension();
 }
 
 inline std::vector<std::size_t> canonical_dims(std::string_view verb, const std::vector<int>& dims, std::size_t rank,
