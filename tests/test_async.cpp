@@ -119,6 +119,14 @@ TEST_SUITE("async") {
     CHECK_BITWISE(namedax::pmap<"i">(f)(x), expected);
   }
 
+  TEST_CASE("a permutation known at compile time") {
+    xt::xarray<int> x{10, 11, 12, 13};
+    auto f = [](auto x) { return namedax::async::ppermute(x, "i"_ax, namedax::static_perm<0, 1, 1, 2, 2, 3>).wait(); };
+    xt::xarray<int> expected{0, 10, 11, 12};
+    CHECK_BITWISE(namedax::vmap<"i">(f)(x), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x), expected);
+  }
+
   TEST_CASE("the sent block is captured at start: rebinding the operand before wait changes nothing") {
     xt::xarray<float> xs = xt::arange<float>(12).reshape({4, 3});
     auto f = [](auto x) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <namedax/axis.hpp>
+#include <namedax/collective_options.hpp>
 #include <namedax/detail/async.hpp>
 
 #include <utility>
@@ -61,6 +62,13 @@ struct ppermute_fn {
   [[nodiscard]] auto operator()(const X& x, const A& axes, const std::vector<std::pair<int, int>>& perm) const {
     auto state = detail::start_ppermute<ppermute_fn>(x, axes, perm);
     return handle<typename decltype(state)::result_type>(std::move(state));
+  }
+  /// A permutation known at compile time (`namedax::static_perm<0, 1, 1, 0>`): checked at
+  /// compile time as namedax::ppermute checks it.
+  template <class X, AxisArgument A, int... P>
+  [[nodiscard]] auto operator()(const X& x, const A& axes, static_permutation<P...> perm) const {
+    using checked [[maybe_unused]] = decltype(namedax::ppermute(x, axes, perm));
+    return (*this)(x, axes, static_permutation<P...>::pairs());
   }
 };
 inline constexpr ppermute_fn ppermute{};
