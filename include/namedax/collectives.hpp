@@ -67,8 +67,7 @@ struct all_gather_fn {
     return gather<false>(x, axes, options);
   }
   template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
-    requires(!std::convertible_to<const Options&, all_gather_options> &&
-             !std::convertible_to<const Options&, detail::all_gather_options_without_groups>)
+    requires detail::ForeignOptions<Options, all_gather_options, detail::all_gather_options_without_groups>
   X operator()(const X& x, const A&, const Options&) const {
     static_assert(detail::always_false<Options>,
                   "namedax: all_gather takes namedax::all_gather_options ({.axis_index_groups, .axis, .tiled})");
@@ -97,8 +96,7 @@ struct all_gather_invariant_fn {
   }
   /// all_gather's options with groups: each group's result differs, so it cannot be invariant.
   template <class X, AxisArgument A, class Options = all_gather_options>
-    requires(std::same_as<Options, all_gather_options> ||
-             (!std::convertible_to<const Options&, all_gather_invariant_options>))
+    requires(std::same_as<Options, all_gather_options> || detail::ForeignOptions<Options, all_gather_invariant_options>)
   X operator()(const X& x, const A&, const Options&) const {
     static_assert(detail::always_false<Options>,
                   "namedax: all_gather_invariant takes namedax::all_gather_invariant_options ({.axis, .tiled}), no "
@@ -117,7 +115,7 @@ struct psum_scatter_fn {
     return detail::psum_scatter_tree<psum_scatter_fn>(x, axes, options);
   }
   template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
-    requires(!std::convertible_to<const Options&, psum_scatter_options>)
+    requires detail::ForeignOptions<Options, psum_scatter_options>
   X operator()(const X& x, const A&, const Options&) const {
     static_assert(detail::always_false<Options>, "namedax: psum_scatter takes namedax::psum_scatter_options "
                                                   "({.scatter_dimension, .axis_index_groups, .tiled})");
@@ -136,7 +134,7 @@ struct all_to_all_fn {
                                                   options.tiled);
   }
   template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
-    requires(!std::convertible_to<const Options&, all_to_all_options>)
+    requires detail::ForeignOptions<Options, all_to_all_options>
   X operator()(const X& x, const A&, int, int, const Options&) const {
     static_assert(detail::always_false<Options>,
                   "namedax: all_to_all takes namedax::all_to_all_options ({.axis_index_groups, .tiled})");
@@ -153,7 +151,7 @@ struct pswapaxes_fn {
     return detail::all_to_all_tree<pswapaxes_fn>(x, axes, axis, axis, options.axis_index_groups, false, "axis");
   }
   template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
-    requires(!std::convertible_to<const Options&, pswapaxes_options>)
+    requires detail::ForeignOptions<Options, pswapaxes_options>
   X operator()(const X& x, const A&, int, const Options&) const {
     static_assert(detail::always_false<Options>, "namedax: pswapaxes takes namedax::pswapaxes_options ({.axis_index_groups})");
     return x;  // only the assertion above is reported

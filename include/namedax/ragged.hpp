@@ -47,7 +47,7 @@ struct ragged_all_to_all_fn {
   /// Another collective's options: the first error line says which options this one takes.
   template <class X, class O, class IO, class SS, class OO, class RS, AxisArgument A,
             class Options = detail::foreign_option_fields>
-    requires(!std::convertible_to<const Options&, ragged_all_to_all_options>)
+    requires detail::ForeignOptions<Options, ragged_all_to_all_options>
   X operator()(const X& operand, const O&, const IO&, const SS&, const OO&, const RS&, const A&, const Options&) const {
     static_assert(detail::always_false<Options>,
                   "namedax: ragged_all_to_all takes namedax::ragged_all_to_all_options ({.axis_index_groups})");

@@ -254,8 +254,7 @@ struct all_reduce_verb {
   }
   /// Another collective's options: the first error line says which options these take.
   template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
-    requires(!std::convertible_to<const Options&, reduce_options> &&
-             !std::convertible_to<const Options&, reduce_options_without_groups>)
+    requires ForeignOptions<Options, reduce_options, reduce_options_without_groups>
   X operator()(const X& x, const A&, const Options&) const {
     static_assert(always_false<Options>,
                   "namedax: psum, pmean, pmax and pmin take namedax::reduce_options ({.axis_index_groups = ...})");

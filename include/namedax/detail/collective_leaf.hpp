@@ -10,6 +10,7 @@
 #include <namedax/named_array.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <array>
 #include <optional>
 #include <span>
@@ -77,6 +78,11 @@ struct foreign_option_fields {
   int scatter_dimension = 0;
   bool tiled = false;
 };
+
+/// Options that none of `Accepted` can be made from: another collective's, or a wrong type.
+/// The overload that takes them fails a static_assert saying which options the verb takes.
+template <class Options, class... Accepted>
+concept ForeignOptions = (!std::convertible_to<const Options&, Accepted> && ...);
 
 /// Runs a collective's rule on one leaf: a deferred value waits for its environment, a named
 /// value's names are checked at compile time and its payload read where it lies. `Sums`
