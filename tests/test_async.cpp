@@ -381,9 +381,15 @@ TEST_SUITE("async") {
                                     : namedax::async::ppermute(x, "i"_ax, ring(4));
       return namedax::eval(h.wait());
     };
-    const std::string e4 = namedax_test::error_of([&] { namedax::pmap<"i">(pairs)(xs); });
-    INFO(e4);
-    CHECK(contains(e4, "namedax::async::ppermute over ('i',)"));
+    // Whichever finds it first, in runs that race differently: device 3 as it sends, device 0 as
+    // it passes its slot on, or device 1 as it compares device 0's call with its own.
+    for (int run = 0; run < 12; ++run) {
+      const std::string e4 = namedax_test::error_of([&] { namedax::pmap<"i">(pairs)(xs); });
+      INFO(e4);
+      CHECK(contains(e4, "namedax::async::ppermute over ('i',)"));
+      CHECK((contains(e4, "receives nothing") ||
+             (contains(e4, "different asynchronous calls") && contains(e4, "with pairs ((0, 1), (1, 2), (2, 3)) of"))));
+    }
   }
 
   TEST_CASE("bad pairs are an error from the calling thread, before anything is sent") {

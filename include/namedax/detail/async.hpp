@@ -64,13 +64,14 @@ class erased_array {
 /// serves its calls k, k + async_depth, k + 2 * async_depth... in that order, so that a fast
 /// sender of a later call never takes the place of a slow sender of an earlier one. `state`
 /// packs the sequence number of the call the slot serves now (30 bits, wrapping) with a
-/// phase: free (its block, if any, has not come), posted (the block waits for the receiver),
-/// abandoned (the receiver gave up before the block came: its sender passes the slot on). The
+/// phase: free (its block, if any, has not come), writing (its sender writes it: a few stores),
+/// posted (the block waits for the receiver), abandoned (the receiver gave up before the block
+/// came: its sender passes the slot on). The
 /// receiver passes the slot on to call s + async_depth once it is done with call s, whether it
 /// received a block or none. The sender writes the other fields before it posts, and the
 /// receiver reads them after it sees the post.
 struct alignas(64) async_slot {
-  enum phase : std::uint32_t { free = 0, posted = 1, abandoned = 2 };
+  enum phase : std::uint32_t { free = 0, posted = 1, abandoned = 2, writing = 3 };
   static constexpr std::uint32_t sequence_mask = (1u << 30) - 1;
   static constexpr std::uint32_t pack(std::uint32_t sequence, phase p) { return ((sequence & sequence_mask) << 2) | p; }
   static constexpr std::uint32_t sequence_of(std::uint32_t state) { return state >> 2; }
@@ -188,7 +189,8 @@ std::uint32_t wait_for_peer(world& w, async_slot& slot, Done done, std::string_v
                         "different collectives):", who);
     } else if (clock > deadline) {
       trouble = message("timed out after ", collective_timeout_seconds(),
-                        " s (NAMEDAX_COLLECTIVE_TIMEOUT) waiting for device ", peer);
+                        " s (NAMEDAX_COLLECTIVE_TIMEOUT) waiting for ", peer.empty() ? std::string("another device") :
+                        message("device ", peer));
     }
     if (trouble) *trouble += w.recent_collectives(), w.poison(*trouble);
   }
@@ -255,7 +257,12 @@ class async_receipt {
     const std::uint32_t wanted = async_slot::pack(sequence_, async_slot::posted);
     const std::string& peer = box_->paths[static_cast<std::size_t>(source_)];
     wait_for_peer(*world_, slot, [&](std::uint32_t s) { return s == wanted; }, what(), peer);
-    at_fault_point(fault_point::reading, verb_);
+    try {
+      at_fault_point(fault_point::reading, verb_);
+    } catch (...) {
+      slot.pass_on(sequence_);
+      throw;
+    }
     if (slot.fingerprint != fingerprint_) {
       const std::string theirs = slot.signature;
       slot.pass_on(sequence_);
@@ -281,6 +288,11 @@ class async_receipt {
     std::uint32_t now = slot.state.load(std::memory_order_acquire);
     while (async_slot::serves(now, sequence_)) {
       if (async_slot::phase_of(now) == async_slot::posted) return slot.pass_on(sequence_);
+      if (async_slot::phase_of(now) == async_slot::writing) {  // posted in a moment
+        std::this_thread::yield();
+        now = slot.state.load(std::memory_order_acquire);
+        continue;
+      }
       const std::uint32_t next = source_ < 0 ? async_slot::pack(sequence_ + async_depth, async_slot::free)
                                              : async_slot::pack(sequence_, async_slot::abandoned);
       if (slot.state.compare_exchange_weak(now, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
@@ -316,12 +328,16 @@ class async_receipt {
   /// for that call anyway is a mismatch of the devices' calls.
   void pass_over_nothing(async_slot& slot) {
     std::uint32_t now = slot.state.load(std::memory_order_acquire);
-    while (async_slot::phase_of(now) != async_slot::posted)
-      if (slot.state.compare_exchange_weak(now, async_slot::pack(sequence_ + async_depth, async_slot::free),
-                                           std::memory_order_acq_rel, std::memory_order_acquire)) {
+    while (async_slot::phase_of(now) != async_slot::posted) {
+      if (async_slot::phase_of(now) == async_slot::writing) {  // a block comes after all: posted in a moment
+        std::this_thread::yield();
+        now = slot.state.load(std::memory_order_acquire);
+      } else if (slot.state.compare_exchange_weak(now, async_slot::pack(sequence_ + async_depth, async_slot::free),
+                                                  std::memory_order_acq_rel, std::memory_order_acquire)) {
         slot.wake();
         return;
       }
+    }
     const std::string theirs = slot.signature, from = box_->paths[slot.source];
     slot.pass_on(sequence_);
     throw collective_error(message(what(), ": device ", from, " sent device ", device_->path, " a block from ", theirs,
@@ -353,19 +369,25 @@ void post_block(world& w, async_mailbox& box, std::size_t receiver, std::uint32_
                                      ", which receives nothing in that call (", call.signature, "); every device must "
                                      "start the same asynchronous collectives with the same pairs"));
     if (async_slot::phase_of(now) == async_slot::abandoned) return slot.pass_on(sequence);  // nobody wants it
-    if (async_slot::phase_of(now) == async_slot::posted)
-      throw collective_error(message(call.what, ": devices ", box.paths[slot.source], " and ", box.paths[rank],
-                                     " both send to device ", box.paths[receiver], " in the same asynchronous call; "
-                                     "every device must start the same asynchronous collectives with the same pairs"));
+    if (async_slot::phase_of(now) != async_slot::free)  // posted, or being written, by another sender
+      throw collective_error(message(call.what, ": device ", box.paths[rank], " and another device both send to device ",
+                                     box.paths[receiver], " in the same asynchronous call; every device must start "
+                                     "the same asynchronous collectives with the same pairs"));
+    // The slot is this sender's once it marks it: the receiver then waits for the post
+    // instead of giving up on the block or passing the slot on while the fields are written.
+    if (!slot.state.compare_exchange_strong(now, async_slot::pack(sequence, async_slot::writing),
+                                            std::memory_order_acq_rel, std::memory_order_acquire))
+      continue;  // the receiver gave up, or passed the slot on, meanwhile: `now` says which
     slot.fingerprint = call.fingerprint, slot.source = rank;
-    slot.signature.assign(call.signature);
-    slot.block.hold(block);
-    if (slot.state.compare_exchange_strong(now, async_slot::pack(sequence, async_slot::posted), std::memory_order_seq_cst,
-                                           std::memory_order_acquire)) {
-      slot.wake();
-      return;
+    try {
+      slot.signature.assign(call.signature);
+    } catch (...) {  // out of memory: the block is posted all the same, with no text for a report
+      slot.signature.clear();
     }
-    slot.block.reset();  // the receiver gave up, or passed the slot on, meanwhile
+    slot.block.hold(block);
+    slot.state.store(async_slot::pack(sequence, async_slot::posted), std::memory_order_seq_cst);
+    slot.wake();
+    return;
   }
 }
 
