@@ -119,6 +119,45 @@ TEST_SUITE("async") {
     CHECK_BITWISE(namedax::pmap<"i">(f)(x), expected);
   }
 
+  TEST_CASE("a pytree's leaves: the blocking ppermute's bits, one exchange per leaf among device threads") {
+    std::mt19937 rng(5);
+    const auto xs = namedax_test::random_array<float>(rng, {4, 3});
+    const auto ys = namedax_test::random_array<std::int32_t>(rng, {4, 2, 2});
+    const pairs_t pairs{{0, 2}, {2, 1}, {1, 0}};
+    auto started = [&](auto x, auto y) {
+      auto h = namedax::async::ppermute(std::tuple{x, y * 2}, "i"_ax, pairs);
+      auto p = namedax::async::ppermute(std::pair{y, x + 1.0f}, "i"_ax, pairs);
+      auto nested = namedax::async::ppermute(std::tuple{x, std::pair{y, y}}, "i"_ax, pairs);  // at the start
+      auto [a, b] = h.wait();
+      auto [c, d] = p.wait();
+      auto [e, f] = nested.wait();
+      return std::tuple{a, b, c, d, e, f.first, f.second};
+    };
+    auto blocking = [&](auto x, auto y) {
+      auto [a, b] = namedax::ppermute(std::tuple{x, y * 2}, "i"_ax, pairs);
+      auto [c, d] = namedax::ppermute(std::pair{y, x + 1.0f}, "i"_ax, pairs);
+      auto [e, f] = namedax::ppermute(std::tuple{x, std::pair{y, y}}, "i"_ax, pairs);
+      return std::tuple{a, b, c, d, e, f.first, f.second};
+    };
+    const auto expected = namedax::vmap<"i">(blocking)(xs, ys);
+    CHECK(namedax_test::tree_bitwise_equal(namedax::pmap<"i">(started)(xs, ys), expected));
+    CHECK(namedax_test::tree_bitwise_equal(namedax::vmap<"i">(started)(xs, ys), expected));
+    // Each leaf is an exchange in flight: four pairs fit in the eight, a fifth does not.
+    auto pairs_in_flight = [&](auto x, int count) {
+      std::vector<namedax::async::handle<decltype(namedax::ppermute(std::pair{x, x}, "i"_ax, pairs))>> hs;
+      for (int k = 0; k < count; ++k) hs.push_back(namedax::async::ppermute(std::pair{x, x * float(k)}, "i"_ax, pairs));
+      auto sum = namedax::eval(x * 0.0f);
+      for (auto& h : hs) {
+        auto [u, v] = h.wait();
+        sum = sum + u + v;
+      }
+      return sum;
+    };
+    CHECK_NOTHROW(namedax::pmap<"i">([&](auto x) { return pairs_in_flight(x, 4); })(xs));
+    const std::string e = namedax_test::error_of([&] { namedax::pmap<"i">([&](auto x) { return pairs_in_flight(x, 5); })(xs); });
+    CHECK(contains(e, "at most 8 may be in flight"));
+  }
+
   TEST_CASE("a permutation known at compile time") {
     xt::xarray<int> x{10, 11, 12, 13};
     auto f = [](auto x) { return namedax::async::ppermute(x, "i"_ax, namedax::static_perm<0, 1, 1, 2, 2, 3>).wait(); };
@@ -431,49 +470,66 @@ TEST_SUITE("async") {
       ~restore() { namedax::detail::fault_injection() = nullptr; }
     } restore_hook;
     int runs = 0, faulted = 0;
+    // A ring of 3 steps, the next block started before the current one is waited; one leaf, or
+    // a pair (two exchanges per handle).
+    auto ring_of = [](auto pair, int d, int victim, int step, auto x) {
+      auto start = [&](const auto& b) {
+        if constexpr (decltype(pair)::value) return namedax::async::ppermute(std::pair{b, b * 2.0f}, "i"_ax, ring(4));
+        else return namedax::async::ppermute(b, "i"_ax, ring(4));
+      };
+      auto block = namedax::eval(x);
+      auto next = start(block);
+      for (int s = 0; s < 3; ++s) {
+        auto h = std::move(next);
+        armed = d == victim && s + 1 == step;
+        if (s + 1 < 3) next = start(block);
+        armed = armed || (d == victim && s == step);
+        if constexpr (decltype(pair)::value) block = h.wait().first;
+        else block = h.wait();
+        armed = false;
+      }
+      return block;
+    };
     for (fault_point point : {fault_point::arrival, fault_point::exchanged, fault_point::reading}) {
       for (int victim : {0, 3}) {
         for (int step : {0, 1, 2}) {
           for (std::size_t length : {std::size_t{3}, std::size_t{3000}}) {
-            plan.point = point;
-            plan.fired = 0;
-            xt::xarray<float> xs = xt::ones<float>({std::size_t{4}, length});
-            std::array<std::atomic<int>, 4> failed{};
-            auto f = [&](auto x) {
-              const int d = device_index(4);
-              try {
-                auto block = namedax::eval(x);
-                auto next = namedax::async::ppermute(block, "i"_ax, ring(4));
-                for (int s = 0; s < 3; ++s) {
-                  auto h = std::move(next);
-                  armed = d == victim && s + 1 == step;
-                  if (s + 1 < 3) next = namedax::async::ppermute(block, "i"_ax, ring(4));
-                  armed = armed || (d == victim && s == step);
-                  block = h.wait();
+            for (bool pair : {false, true}) {
+              plan.point = point;
+              plan.fired = 0;
+              xt::xarray<float> xs = xt::ones<float>({std::size_t{4}, length});
+              std::array<std::atomic<int>, 4> failed{};
+              auto f = [&](auto x) {
+                const int d = device_index(4);
+                try {
+                  if (pair) return ring_of(std::true_type{}, d, victim, step, x);
+                  return ring_of(std::false_type{}, d, victim, step, x);
+                } catch (...) {
                   armed = false;
+                  ++failed[static_cast<std::size_t>(d)];
+                  throw;
                 }
-                return block;
-              } catch (...) {
-                armed = false;
-                ++failed[static_cast<std::size_t>(d)];
-                throw;
+              };
+              INFO("point ", point_names[static_cast<int>(point)], ", device ", victim, ", step ", step, ", length ",
+                   length, pair ? ", a pair" : ", one leaf");
+              bool thrown = false;
+              std::optional<xt::xarray<float>> got;
+              try {
+                got = namedax::pmap<"i">(f)(xs);
+              } catch (const std::runtime_error& e) {
+                thrown = true;
+                CHECK(contains(e.what(), "injected fault at "));
               }
-            };
-            INFO("point ", point_names[static_cast<int>(point)], ", device ", victim, ", step ", step, ", length ", length);
-            bool thrown = false;
-            try {
-              namedax::pmap<"i">(f)(xs);
-            } catch (const std::runtime_error& e) {
-              thrown = true;
-              CHECK(contains(e.what(), "injected fault at "));
-            }
-            ++runs;
-            if (plan.fired == 1) {
-              ++faulted;
-              CHECK(thrown);
-              CHECK(failed[static_cast<std::size_t>(victim)] == 1);
-            } else {
-              CHECK(!thrown);
+              ++runs;
+              if (plan.fired == 1) {
+                ++faulted;
+                CHECK(thrown);
+                CHECK(failed[static_cast<std::size_t>(victim)] == 1);
+              } else {
+                CHECK(!thrown);
+                REQUIRE(got.has_value());
+                CHECK_BITWISE(*got, xs);  // ones, moved around the ring
+              }
             }
           }
         }
@@ -481,7 +537,7 @@ TEST_SUITE("async") {
     }
     MESSAGE(runs, " runs with a fault armed, ", faulted, " with a fault");
     // A start fails at steps 1 and 2 only (step 0's start comes before the loop); a wait at any.
-    CHECK(runs == 36);
-    CHECK(faulted == 2 * 2 * 2 * 2 + 3 * 2 * 2);
+    CHECK(runs == 72);
+    CHECK(faulted == 2 * (2 * 2 * 2 * 2 + 3 * 2 * 2));
   }
 }

@@ -52,10 +52,11 @@ class handle {
 ///   auto shifted = h.wait();  // the same as namedax::ppermute(x, "i"_ax, pairs)
 /// Among device threads (pmap) the start leaves this device's block for its destination and
 /// returns without waiting for any device; wait() blocks until the block for this device is
-/// there, with the same timeouts and failure reports as a blocking collective. At most
-/// detail::async_depth (8) handles of a device over the same axes may be in flight. Under vmap,
-/// with a mix of placements, over MPI processes, and for pytrees, the exchange runs at start
-/// and wait() returns its result.
+/// there, with the same timeouts and failure reports as a blocking collective; each leaf of a
+/// pytree is an exchange of its own, and at most detail::async_depth (8) exchanges of a device
+/// over the same axes may be in flight. Among MPI processes the start posts MPI_Irecv and
+/// MPI_Isend and wait() waits for them. Under vmap, with a mix of placements, and for nested
+/// pytrees, the exchange runs at start and wait() returns its result.
 struct ppermute_fn {
   static constexpr std::string_view name = "async::ppermute";
   template <class X, AxisArgument A>

@@ -11,6 +11,7 @@
 #include <namedax/detail/process_rules.hpp>
 #include <namedax/detail/rendezvous.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -511,9 +512,12 @@ class async_state {
   using result_type = R;
   async_state() = default;
   async_state(std::string (*what)(), R value) : what_(what), value_(std::move(value)) { note_caller(); }
-  using receive_fn = R (*)(async_receipt&, process_receipt&, const dims_t&);
-  async_state(std::string (*what)(), async_receipt receipt, dims_t shape, receive_fn receive)
-      : what_(what), receipt_(std::move(receipt)), shape_(std::move(shape)), receive_(receive) {
+  /// One receipt per leaf (among device threads), each leaf's shape, and how to make the result.
+  using receipts = std::array<async_receipt, async_depth>;
+  using shapes = std::array<dims_t, async_depth>;
+  using receive_fn = R (*)(receipts&, process_receipt&, const shapes&);
+  async_state(std::string (*what)(), receipts leaves, shapes shape, receive_fn receive)
+      : what_(what), receipts_(std::move(leaves)), shapes_(std::move(shape)), receive_(receive) {
     note_caller();
   }
   async_state(std::string (*what)(), process_receipt receipt, receive_fn receive)
@@ -524,9 +528,9 @@ class async_state {
   async_state& operator=(async_state&& other) {
     if (this != &other) {
       drop();
-      what_ = other.what_, value_ = std::move(other.value_), receipt_ = std::move(other.receipt_);
+      what_ = other.what_, value_ = std::move(other.value_), receipts_ = std::move(other.receipts_);
       process_ = std::move(other.process_);
-      shape_ = std::move(other.shape_), receive_ = other.receive_, device_ = std::move(other.device_);
+      shapes_ = std::move(other.shapes_), receive_ = other.receive_, device_ = std::move(other.device_);
       exceptions_ = other.exceptions_;
       other.value_.reset(), other.receive_ = nullptr;
     }
@@ -534,21 +538,24 @@ class async_state {
   }
   ~async_state() = default;
 
-  [[nodiscard]] bool pending() const { return value_.has_value() || receipt_.active() || process_.active(); }
+  [[nodiscard]] bool pending() const {
+    return value_.has_value() || process_.active() ||
+           std::any_of(receipts_.begin(), receipts_.end(), [](const async_receipt& r) { return r.active(); });
+  }
 
   R wait() {
     if (!pending())
       fail(what_ ? what_() : std::string("namedax::async"), ": wait() was called on a handle that holds no exchange",
            where(), " (it was waited already, or moved from); call wait() once on each started handle");
     if (value_) return std::exchange(value_, std::nullopt).value();
-    return receive_(receipt_, process_, shape_);
+    return receive_(receipts_, process_, shapes_);
   }
 
   /// A handle that goes away pending: its exchange is cancelled, and unless an exception is
   /// unwinding the stack (which then reports the failure), a collective_error says so.
   void drop() {
     if (!pending()) return;
-    receipt_.cancel();
+    for (auto& r : receipts_) r.cancel();
     process_.cancel();
     value_.reset();
     if (std::uncaught_exceptions() > exceptions_) return;
@@ -565,8 +572,8 @@ class async_state {
 
   std::string (*what_)() = nullptr;  // "namedax::async::ppermute over ('i',)", made for messages only
   std::optional<R> value_;
-  async_receipt receipt_;
-  dims_t shape_;
+  receipts receipts_;
+  shapes shapes_;
   process_receipt process_;
   receive_fn receive_ = nullptr;
   std::shared_ptr<device_record> device_;
@@ -582,34 +589,104 @@ std::string async_what() {
   return message("namedax::", Verb::name, " over ", axes);
 }
 
-/// Starts ppermute: among device threads, a leaf that varies along every name leaves its array
-/// for its destination at once (start_permute); among MPI processes, it starts MPI_Isend and
-/// MPI_Irecv (start_permute_across_processes); every other case (vmap, a mix of placements,
-/// pytrees, deferred values) runs the blocking ppermute now and keeps its result.
+/// Whether leaf type L is a named value that varies along every one of `Names`.
+template <class L, class... Names>
+constexpr bool async_leaf_varies() {
+  if constexpr (NamedValue<L>) {
+    constexpr axis_mask names = L::env_type::template mask_of<Names...>();
+    return (L::varying & names) == names;
+  } else {
+    return false;
+  }
+}
+
+/// The leaves of X (itself, or the children of a node of at most async_depth named values),
+/// when each varies along every one of `Names`: then they go among device threads one
+/// exchange each. An empty tuple otherwise.
+template <class X, class... Names>
+auto async_leaves_of(const X& x, type_list<Names...>) {
+  if constexpr (async_leaf_varies<X, Names...>()) {
+    return std::tuple<const X&>{x};
+  } else if constexpr (is_node<X>) {
+    using parts = decltype(children(x));
+    constexpr bool all = []<std::size_t... I>(std::index_sequence<I...>) {
+      return ((async_leaf_varies<std::remove_cvref_t<std::tuple_element_t<I, parts>>, Names...>() && ...));
+    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+    if constexpr (all && std::tuple_size_v<parts> > 0 && std::tuple_size_v<parts> <= async_depth) return children(x);
+    else return std::tuple<>{};
+  } else {
+    return std::tuple<>{};
+  }
+}
+
+/// A received leaf typed as the blocking ppermute types it.
+template <class L, class... Names>
+using async_typed_t = named<shared_array<typename L::value_type>, typename L::env_type,
+                            L::varying | L::env_type::template mask_of<Names...>()>;
+
+/// The type of X made of the received leaves, as a std::type_identity (for decltype only).
+template <class X, class Leaves, class... Names, std::size_t... I>
+auto async_made_of(type_list<Names...>, std::index_sequence<I...>) {
+  if constexpr (NamedValue<X>)
+    return std::type_identity<async_typed_t<X, Names...>>{};
+  else
+    return std::type_identity<decltype(make_like<X>(
+        std::declval<async_typed_t<std::remove_cvref_t<std::tuple_element_t<I, Leaves>>, Names...>>()...))>{};
+}
+
+/// Starts ppermute: among device threads, a leaf (or each leaf of a node) that varies along
+/// every name leaves its array for its destination at once (start_permute); among MPI
+/// processes, a leaf starts MPI_Isend and MPI_Irecv (start_permute_across_processes); every
+/// other case (vmap, a mix of placements, nested pytrees, deferred values) runs the blocking
+/// ppermute now and keeps its result.
 template <class Verb, class X, class A>
 auto start_ppermute(const X& x, const A& axes, const permutation_t& perm) {
   using R = decltype(namedax::ppermute(x, axes, perm));
-  return [&]<class... Names>(type_list<Names...>) {
+  return [&]<class... Names>(type_list<Names...> names) {
     std::string (*what)() = &async_what<Verb, Names...>;
-    if constexpr (NamedValue<X>) {
-      using Env = typename X::env_type;
-      using T = typename X::value_type;
-      using typed = named<shared_array<T>, Env, X::varying | Env::template mask_of<Names...>()>;
-      if constexpr (std::is_same_v<typed, R>) {
-        require_bound<Verb, Env, Names...>();
-        const auto named_axes = describe_named_axes<X, Names...>(Verb::name);
+    using leaves = decltype(async_leaves_of(x, names));
+    constexpr std::size_t count = std::tuple_size_v<leaves>;
+    if constexpr (count > 0) {
+      using first = std::remove_cvref_t<std::tuple_element_t<0, leaves>>;
+      // The result as the blocking ppermute makes it from the received arrays.
+      using made = typename decltype(async_made_of<X, leaves>(names, std::make_index_sequence<count>{}))::type;
+      if constexpr (std::is_same_v<made, R>) {
+        require_bound<Verb, typename first::env_type, Names...>();
+        const auto named_axes = describe_named_axes<first, Names...>(Verb::name);
         if (const auto threads = thread_axes(named_axes)) {
-          const auto owned = namedax::eval(x);  // the block sent: the caller may rebind x meanwhile
-          auto receipt = start_permute<T>(Verb::name, owned.payload(), named_axes, *threads, perm);
-          dims_t shape(owned.payload().shape().begin(), owned.payload().shape().end());
-          auto receive = [](async_receipt& r, process_receipt&, const dims_t& s) -> R { return R(r.take<T>(s)); };
-          return async_state<R>(what, std::move(receipt), std::move(shape), +receive);
+          typename async_state<R>::receipts receipts;
+          typename async_state<R>::shapes shapes;
+          const auto in = async_leaves_of(x, names);
+          [&]<std::size_t... I>(std::index_sequence<I...>) {
+            auto start = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+              const auto owned = namedax::eval(std::get<K>(in));  // what is sent: the caller may rebind x meanwhile
+              using T = typename std::remove_cvref_t<decltype(owned)>::value_type;
+              receipts[K] = start_permute<T>(Verb::name, owned.payload(), named_axes, *threads, perm);
+              shapes[K].assign(owned.payload().shape().begin(), owned.payload().shape().end());
+            };
+            (start(std::integral_constant<std::size_t, I>{}), ...);
+          }(std::make_index_sequence<count>{});
+          auto receive = [](typename async_state<R>::receipts& r, process_receipt&,
+                            const typename async_state<R>::shapes& s) -> R {
+            return [&]<std::size_t... I>(std::index_sequence<I...>) -> R {
+              // Braced: the leaves are taken in order, as they were started.
+              std::tuple<async_typed_t<std::remove_cvref_t<std::tuple_element_t<I, leaves>>, Names...>...> got{
+                  r[I].template take<typename std::remove_cvref_t<std::tuple_element_t<I, leaves>>::value_type>(s[I])...};
+              if constexpr (NamedValue<X>) return R(std::move(std::get<0>(got)));
+              else return make_like<X>(std::move(std::get<I>(got))...);
+            }(std::make_index_sequence<count>{});
+          };
+          return async_state<R>(what, std::move(receipts), std::move(shapes), +receive);
         }
-        if (placed_on_processes(named_axes)) {
-          const auto owned = namedax::eval(x);
-          auto receipt = start_permute_across_processes<T>(Verb::name, owned.payload(), named_axes, perm);
-          auto receive = [](async_receipt&, process_receipt& p, const dims_t&) -> R { return R(p.take<T>()); };
-          return async_state<R>(what, std::move(receipt), +receive);
+        if constexpr (NamedValue<X>) {
+          if (placed_on_processes(named_axes)) {
+            using T = typename X::value_type;
+            const auto owned = namedax::eval(x);
+            auto receipt = start_permute_across_processes<T>(Verb::name, owned.payload(), named_axes, perm);
+            auto receive = [](typename async_state<R>::receipts&, process_receipt& p,
+                              const typename async_state<R>::shapes&) -> R { return R(p.take<T>()); };
+            return async_state<R>(what, std::move(receipt), +receive);
+          }
         }
       }
     }
