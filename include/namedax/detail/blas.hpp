@@ -5,6 +5,7 @@
 // IWYU pragma: private
 
 #include <namedax/detail/kernels.hpp>
+#include <namedax/detail/thread_sanitizer.hpp>
 
 #include <cblas.h>
 #include <tbb/parallel_for.h>
@@ -199,9 +200,12 @@ void gemm_strip_call(const gemm_args<T>& g, const gemm_strip& s, T* c, std::size
 }
 
 /// f(0), ..., f(count - 1): in parallel on the calling thread's tbb arena, or in turn on a
-/// device thread (which must not start threads of its own).
+/// device thread (which must not start threads of its own) and under ThreadSanitizer.
 template <class F>
 void for_each_task(std::size_t count, bool on_device, const F& f) {
+#if defined(NAMEDAX_THREAD_SANITIZER)
+  on_device = true;
+#endif
   if (on_device || count <= 1) {
     for (std::size_t t = 0; t < count; ++t) f(t);
   } else {

@@ -4,6 +4,7 @@
 // IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
+#include <namedax/detail/thread_sanitizer.hpp>
 #include <namedax/detail/rendezvous.hpp>
 #include <namedax/detail/runtime.hpp>
 
@@ -22,15 +23,6 @@
 #include <type_traits>
 #include <typeinfo>
 
-// ThreadSanitizer cannot see oneTBB's (uninstrumented) hand-off of a task to a worker, so it
-// would report the launch as a race: under TSan every device gets a std::thread of its own.
-#if defined(__SANITIZE_THREAD__)
-#define NAMEDAX_DEVICES_ON_STD_THREADS 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define NAMEDAX_DEVICES_ON_STD_THREADS 1
-#endif
-#endif
 
 namespace namedax::detail {
 
@@ -193,11 +185,11 @@ inline void launch_devices(std::string_view name, std::size_t n, device_body bod
 
   std::size_t starting = 0;  // the device being started, for a report
   std::vector<std::thread> fallback;
-#ifndef NAMEDAX_DEVICES_ON_STD_THREADS
+#ifndef NAMEDAX_THREAD_SANITIZER  // under TSan every device gets a std::thread of its own
   std::optional<tbb::task_arena> arena;
 #endif
   try {
-#ifndef NAMEDAX_DEVICES_ON_STD_THREADS
+#ifndef NAMEDAX_THREAD_SANITIZER
     // An arena of this map's own, as wide as it has devices: TBB wakes that many workers for
     // it, not a worker for every slot of a wide shared arena (idle workers spin).
     allow_many_devices();
