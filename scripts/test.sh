@@ -18,6 +18,10 @@ cmake --install build --prefix "$prefix" >/dev/null
 cmake -S tests/consumer -B build/deploy/consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build build/deploy/consumer
 build/deploy/consumer/namedax_consumer
+# The same consumer with the separately compiled part: find_package(namedax COMPONENTS separate).
+cmake -S tests/consumer -B build/deploy/consumer_separate -DCMAKE_PREFIX_PATH="$prefix" -DNAMEDAX_CONSUMER_SEPARATE=ON >/dev/null
+cmake --build build/deploy/consumer_separate
+build/deploy/consumer_separate/namedax_consumer
 # The MPI component, where namedax was built with it: find_package(namedax COMPONENTS mpi).
 if [ -f "$prefix/share/cmake/namedax/namedaxMpiTargets.cmake" ]; then
   cmake -S tests/mpi/consumer -B build/deploy/mpi_consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null

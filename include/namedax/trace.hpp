@@ -11,6 +11,7 @@
 // rewrites that file whenever an outermost pmap returns or throws.
 #pragma once
 
+#include <namedax/detail/compilation.hpp>
 #include <namedax/error.hpp>
 
 #include <algorithm>
@@ -75,7 +76,11 @@ inline void record(trace_event event) {
   if (r.on) r.events.push_back(std::move(event));
 }
 
-inline void json_string(std::string& out, std::string_view text) {
+NAMEDAX_DECL void json_string(std::string& out, std::string_view text);
+NAMEDAX_DECL bool natural_less(std::string_view a, std::string_view b);
+
+#if NAMEDAX_DEFINITIONS
+NAMEDAX_DECL void json_string(std::string& out, std::string_view text) {
   out += '"';
   for (char c : text) {
     if (c == '"' || c == '\\') out += '\\', out += c;
@@ -86,14 +91,14 @@ inline void json_string(std::string& out, std::string_view text) {
 }
 
 /// A time in microseconds, to the nanosecond, as JSON wants it (no exponent).
-inline std::string microseconds(double us) {
+NAMEDAX_DECL std::string microseconds(double us) {
   char text[32];
   std::snprintf(text, sizeof text, "%.3f", us);
   return text;
 }
 
 /// Device paths in natural order: "i=2" before "i=10".
-inline bool natural_less(std::string_view a, std::string_view b) {
+NAMEDAX_DECL bool natural_less(std::string_view a, std::string_view b) {
   std::size_t i = 0, j = 0;
   while (i < a.size() && j < b.size()) {
     if (std::isdigit(static_cast<unsigned char>(a[i])) && std::isdigit(static_cast<unsigned char>(b[j]))) {
@@ -110,14 +115,25 @@ inline bool natural_less(std::string_view a, std::string_view b) {
   }
   return a.size() - i < b.size() - j;
 }
+#endif
 
 /// After an outermost pmap: rewrite NAMEDAX_TRACE's file with everything recorded so far.
-void flush_trace_file();
+NAMEDAX_DECL void flush_trace_file();
 
 }  // namespace detail
 
 /// Starts recording the collectives of every device (clearing what was recorded before).
-inline void start_tracing() {
+NAMEDAX_DECL void start_tracing();
+/// Stops recording and returns the events, ordered by device and then by sequence.
+NAMEDAX_DECL std::vector<trace_event> stop_tracing();
+/// The events as Chrome trace-event JSON: one thread (track) per device, one complete event
+/// ("ph": "X") per collective, its parameters under "args".
+NAMEDAX_DECL std::string chrome_trace_json(std::span<const trace_event> events);
+/// Writes chrome_trace_json(events) to `path`.
+NAMEDAX_DECL void write_chrome_trace(const std::string& path, std::span<const trace_event> events);
+
+#if NAMEDAX_DEFINITIONS
+NAMEDAX_DECL void start_tracing() {
   auto& r = detail::recorder();
   std::lock_guard guard(r.lock);
   r.events.clear();
@@ -125,8 +141,7 @@ inline void start_tracing() {
   r.on = true;
 }
 
-/// Stops recording and returns the events, ordered by device and then by sequence.
-inline std::vector<trace_event> stop_tracing() {
+NAMEDAX_DECL std::vector<trace_event> stop_tracing() {
   auto& r = detail::recorder();
   std::lock_guard guard(r.lock);
   r.on = false;
@@ -139,9 +154,7 @@ inline std::vector<trace_event> stop_tracing() {
   return events;
 }
 
-/// The events as Chrome trace-event JSON: one thread (track) per device, one complete event
-/// ("ph": "X") per collective, its parameters under "args".
-inline std::string chrome_trace_json(std::span<const trace_event> events) {
+NAMEDAX_DECL std::string chrome_trace_json(std::span<const trace_event> events) {
   std::vector<std::string> devices;
   for (const auto& e : events) devices.push_back(e.device);
   std::sort(devices.begin(), devices.end(), detail::natural_less);
@@ -176,14 +189,13 @@ inline std::string chrome_trace_json(std::span<const trace_event> events) {
   return out;
 }
 
-/// Writes chrome_trace_json(events) to `path`.
-inline void write_chrome_trace(const std::string& path, std::span<const trace_event> events) {
+NAMEDAX_DECL void write_chrome_trace(const std::string& path, std::span<const trace_event> events) {
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
   file << chrome_trace_json(events);
   if (!file.flush()) detail::fail("namedax::write_chrome_trace: cannot write '", path, "'");
 }
 
-inline void detail::flush_trace_file() {
+NAMEDAX_DECL void detail::flush_trace_file() {
   auto& r = recorder();
   std::vector<trace_event> events;
   {
@@ -199,5 +211,6 @@ inline void detail::flush_trace_file() {
     std::fprintf(stderr, "%s (NAMEDAX_TRACE)\n", e.what());
   }
 }
+#endif
 
 }  // namespace namedax

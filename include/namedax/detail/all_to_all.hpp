@@ -67,4 +67,13 @@ xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::s
   return out;
 }
 
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T)                                                                                              \
+  NAMEDAX_EXTERN template xt::xarray<T> all_to_all_rule<T>(std::string_view, strided_block<T>, std::size_t,                 \
+                                                          std::span<const named_axis>, const std::optional<groups_t>&, int, \
+                                                          int, bool, std::string_view);
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
+#undef NAMEDAX_INSTANTIATE
+#endif
+
 }  // namespace namedax::detail

@@ -318,4 +318,10 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
   }
 }
 
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+NAMEDAX_EXTERN template void gemm_contract<float>(const gemm_problem&, const float*, const float*, float*, std::size_t, bool);
+NAMEDAX_EXTERN template void gemm_contract<double>(const gemm_problem&, const double*, const double*, double*, std::size_t,
+                                                   bool);
+#endif
+
 }  // namespace namedax::detail

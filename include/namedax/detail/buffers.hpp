@@ -8,6 +8,8 @@
 // IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
+#include <namedax/detail/compilation.hpp>
+
 #include <xtensor/xarray.hpp>
 #include <xtensor/xexpression.hpp>
 
@@ -231,5 +233,15 @@ shared_array<T> share_array(xt::xarray<T>&& a) {
   // When the last copy goes, the array waits in its pool for the next output of its size.
   return shared_array<T>(shared_storage(std::move(a)));
 }
+
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T)                  \
+  NAMEDAX_EXTERN template struct spare_arrays<T>; \
+  NAMEDAX_EXTERN template class array_pool<T>;    \
+  NAMEDAX_EXTERN template std::shared_ptr<xt::xarray<T>> shared_storage<T>(xt::xarray<T>&&);
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
+NAMEDAX_INSTANTIATE(bool)
+#undef NAMEDAX_INSTANTIATE
+#endif
 
 }  // namespace namedax::detail

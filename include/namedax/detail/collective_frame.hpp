@@ -6,6 +6,7 @@
 // IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/kernels.hpp>
 #include <namedax/detail/rendezvous.hpp>
 #include <namedax/error.hpp>
@@ -61,11 +62,14 @@ inline void append_axes(std::string& out, std::span<const named_axis> axes) {
   out += axes.size() == 1 ? ",)" : ")";
 }
 
-inline std::string describe_axes(std::span<const named_axis> axes) {
+NAMEDAX_DECL std::string describe_axes(std::span<const named_axis> axes);
+#if NAMEDAX_DEFINITIONS
+NAMEDAX_DECL std::string describe_axes(std::span<const named_axis> axes) {
   std::string text;
   append_axes(text, axes);
   return text;
 }
+#endif
 
 /// A collective's parameters in the user's words, as its signature shows them, written into
 /// a buffer of this thread that keeps its capacity (valid until the thread's next call).
@@ -100,13 +104,19 @@ inline const group_layout& ungrouped(std::size_t total) {
 }
 
 /// How to name an index of an axis of `total` indices, for messages about one out of range.
-inline std::string valid_indices(std::size_t total) {
+NAMEDAX_DECL std::string valid_indices(std::size_t total);
+/// Checks that `groups` partition 0..total-1 (and have equal sizes where the collective needs it).
+NAMEDAX_DECL group_layout make_groups(std::string_view verb, std::span<const named_axis> axes,
+                                      const std::optional<groups_t>& groups, std::size_t total, bool equal_sizes);
+NAMEDAX_DECL std::string join_names(std::span<const std::string_view> names);
+
+#if NAMEDAX_DEFINITIONS
+NAMEDAX_DECL std::string valid_indices(std::size_t total) {
   return total == 0 ? std::string("the axis has no index") : message("use indices 0..", total - 1);
 }
 
-/// Checks that `groups` partition 0..total-1 (and have equal sizes where the collective needs it).
-inline group_layout make_groups(std::string_view verb, std::span<const named_axis> axes,
-                                const std::optional<groups_t>& groups, std::size_t total, bool equal_sizes) {
+NAMEDAX_DECL group_layout make_groups(std::string_view verb, std::span<const named_axis> axes,
+                                      const std::optional<groups_t>& groups, std::size_t total, bool equal_sizes) {
   if (!groups) return ungrouped(total);
   group_layout g;
   g.group_of.assign(total, total), g.position_of.assign(total, 0);
@@ -132,11 +142,12 @@ inline group_layout make_groups(std::string_view verb, std::span<const named_axi
   return g;
 }
 
-inline std::string join_names(std::span<const std::string_view> names) {
+NAMEDAX_DECL std::string join_names(std::span<const std::string_view> names) {
   std::vector<std::string> quoted;
   for (auto n : names) quoted.push_back(message('\'', n, '\''));
   return message(quoted);
 }
+#endif
 
 inline std::size_t element_count(std::span<const std::size_t> shape) {
   return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>{});
@@ -421,5 +432,15 @@ class collective_frame {
   std::vector<int> thread_slot_;
   std::size_t thread_size_total_ = 1;
 };
+
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T)                                                                              \
+  NAMEDAX_EXTERN template class collective_frame<T>;                                                       \
+  NAMEDAX_EXTERN template collective_call call_of<T>(std::string_view, std::span<const named_axis>, std::string_view, \
+                                                     const std::optional<groups_t>&, std::span<const std::size_t>);
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
+NAMEDAX_INSTANTIATE(bool)
+#undef NAMEDAX_INSTANTIATE
+#endif
 
 }  // namespace namedax::detail

@@ -205,4 +205,21 @@ std::optional<shared_array<T>> gather_among_threads(std::string_view verb, strid
   return shared_array<T>(std::move(exchange.finish()[0]));
 }
 
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T, Op)                                                                                       \
+  NAMEDAX_EXTERN template std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_threads<T, Op>(      \
+      std::string_view, const strided_block<T>&, std::span<const named_axis>, const std::optional<groups_t>&, bool, Op); \
+  NAMEDAX_EXTERN template std::optional<std::pair<std::array<std::shared_ptr<xt::xarray<T>>, 1>, std::size_t>>           \
+  reduce_leaves_among_threads<T, 1, Op>(std::string_view, std::array<strided_block<T>, 1>, std::span<const named_axis>,  \
+                                        std::span<const std::string_view>, Op);
+#define NAMEDAX_INSTANTIATE_TYPE(T)                                                                                \
+  NAMEDAX_INSTANTIATE(T, sum_op) NAMEDAX_INSTANTIATE(T, max_op) NAMEDAX_INSTANTIATE(T, min_op)                           \
+  NAMEDAX_EXTERN template std::optional<shared_array<T>> gather_among_threads<T>(                                        \
+      std::string_view, strided_block<T>, std::size_t, std::span<const named_axis>, const std::optional<groups_t>&, int, \
+      bool);
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE_TYPE)
+#undef NAMEDAX_INSTANTIATE
+#undef NAMEDAX_INSTANTIATE_TYPE
+#endif
+
 }  // namespace namedax::detail

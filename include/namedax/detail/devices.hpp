@@ -5,6 +5,7 @@
 #pragma once
 
 #include <namedax/detail/thread_sanitizer.hpp>
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/rendezvous.hpp>
 #include <namedax/detail/runtime.hpp>
 
@@ -29,7 +30,14 @@ namespace namedax::detail {
 /// Rethrows a device's exception. One of the standard exception types (exactly, not a class
 /// derived from it) is rethrown as the same type with the device and the last collectives
 /// each device entered appended to its message; any other type is rethrown unchanged.
-[[noreturn]] inline void rethrow_from_device(std::exception_ptr error, const std::string& note) {
+[[noreturn]] NAMEDAX_DECL void rethrow_from_device(std::exception_ptr error, const std::string& note);
+/// Whether an exception is an abort that another device's failure caused.
+NAMEDAX_DECL bool is_abort(std::exception_ptr error);
+/// What an exception says: its what(), or that it is not a std::exception.
+NAMEDAX_DECL std::string description_of(std::exception_ptr error);
+
+#if NAMEDAX_DEFINITIONS
+[[noreturn]] NAMEDAX_DECL void rethrow_from_device(std::exception_ptr error, const std::string& note) {
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
@@ -45,8 +53,7 @@ namespace namedax::detail {
   }
 }
 
-/// Whether an exception is an abort that another device's failure caused.
-inline bool is_abort(std::exception_ptr error) {
+NAMEDAX_DECL bool is_abort(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
   } catch (const collective_abort&) {
@@ -56,8 +63,7 @@ inline bool is_abort(std::exception_ptr error) {
   }
 }
 
-/// What an exception says: its what(), or that it is not a std::exception.
-inline std::string description_of(std::exception_ptr error) {
+NAMEDAX_DECL std::string description_of(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
@@ -66,6 +72,7 @@ inline std::string description_of(std::exception_ptr error) {
     return "an exception that is not a std::exception";
   }
 }
+#endif
 
 /// Called, when set, before device `device` of a launch is started (`own_thread`: on a thread
 /// of its own, else as a TBB task); what it throws stands for a start that failed (tests set it).
@@ -97,7 +104,10 @@ class device_body {
 
 /// Runs `body(d)` for d in [0, n) concurrently, each on a thread whose frame stack is the
 /// caller's plus the device frame of `name`. Rethrows the first exception any device threw.
-inline void launch_devices(std::string_view name, std::size_t n, device_body body) {
+NAMEDAX_DECL void launch_devices(std::string_view name, std::size_t n, device_body body);
+
+#if NAMEDAX_DEFINITIONS
+NAMEDAX_DECL void launch_devices(std::string_view name, std::size_t n, device_body body) {
   std::vector<frame> parent = frames();
   std::shared_ptr<device_record> parent_record = current_device();
   std::shared_ptr<world> shared;
@@ -236,6 +246,7 @@ inline void launch_devices(std::string_view name, std::size_t n, device_body bod
   if (parent_record) std::rethrow_exception(shared->first_error);
   rethrow_from_device(shared->first_error, shared->error_note);
 }
+#endif
 
 /// Runs `body(d)` for d in [0, n) concurrently: launch_devices on a reference to `body`.
 template <class Body>

@@ -649,4 +649,21 @@ void copy_strided(const strided_block<S>& in, T* out) {
   copy_strided(in, out, row_major_strides(in.shape));
 }
 
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T)                                                                \
+  NAMEDAX_EXTERN template xt::xarray<T> uninitialized_array<T>(std::span<const std::size_t>); \
+  NAMEDAX_EXTERN template void copy_strided<T, T>(const strided_block<T>&, T*, std::span<const std::ptrdiff_t>);
+#define NAMEDAX_INSTANTIATE_FOLD(T, Op)                                                                     \
+  NAMEDAX_EXTERN template void fold_members<T, Op>(std::span<const T* const>, std::span<const std::size_t>, \
+                                                  std::span<const std::ptrdiff_t>, T*, std::span<const std::ptrdiff_t>, Op);
+#define NAMEDAX_INSTANTIATE_FOLDS(T) \
+  NAMEDAX_INSTANTIATE_FOLD(T, sum_op) NAMEDAX_INSTANTIATE_FOLD(T, max_op) NAMEDAX_INSTANTIATE_FOLD(T, min_op)
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
+NAMEDAX_INSTANTIATE(bool)
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE_FOLDS)
+#undef NAMEDAX_INSTANTIATE
+#undef NAMEDAX_INSTANTIATE_FOLD
+#undef NAMEDAX_INSTANTIATE_FOLDS
+#endif
+
 }  // namespace namedax::detail

@@ -108,4 +108,13 @@ xt::xarray<T> dot_general(std::string_view verb, const strided_block<X>& x, std:
   return out;
 }
 
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T)                                                                                            \
+  NAMEDAX_EXTERN template xt::xarray<T> dot_general<T, T, T>(std::string_view, const strided_block<T>&, std::size_t,      \
+                                                            const strided_block<T>&, std::size_t, const dimension_pairs&, \
+                                                            const dimension_pairs&, bool);
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
+#undef NAMEDAX_INSTANTIATE
+#endif
+
 }  // namespace namedax::detail

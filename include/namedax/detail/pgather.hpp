@@ -128,4 +128,16 @@ xt::xarray<T> pgather_rule(std::string_view verb, strided_block<T> src, std::siz
   return out;
 }
 
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE_WITH(T, I)                                                                               \
+  NAMEDAX_EXTERN template xt::xarray<T> pgather_rule<T, I>(std::string_view, strided_block<T>, std::size_t,          \
+                                                          std::span<const named_axis>, std::span<const std::size_t>, \
+                                                          std::span<const std::size_t>, const strided_block<I>&,     \
+                                                          std::size_t, bool);
+#define NAMEDAX_INSTANTIATE(T) NAMEDAX_INSTANTIATE_WITH(T, std::int32_t) NAMEDAX_INSTANTIATE_WITH(T, std::int64_t)
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
+#undef NAMEDAX_INSTANTIATE
+#undef NAMEDAX_INSTANTIATE_WITH
+#endif
+
 }  // namespace namedax::detail

@@ -173,4 +173,27 @@ std::optional<xt::xarray<T>> pbroadcast_across_processes(std::string_view verb, 
   return out;
 }
 
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T)                                                                                             \
+  NAMEDAX_EXTERN template std::optional<process_call<T>> whole_payloads<T>(                                                \
+      std::string_view, strided_block<T>, std::span<const named_axis>, const std::optional<groups_t>&, bool,               \
+      std::string_view);                                                                                                   \
+  NAMEDAX_EXTERN template std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_across_processes<T>(           \
+      std::string_view, const strided_block<T>&, std::span<const named_axis>, const std::optional<groups_t>&, fold_kind,   \
+      std::string_view);                                                                                                   \
+  NAMEDAX_EXTERN template std::optional<xt::xarray<T>> all_gather_across_processes<T>(                                     \
+      std::string_view, const strided_block<T>&, std::size_t, std::span<const named_axis>, const std::optional<groups_t>&, \
+      int, bool);                                                                                                          \
+  NAMEDAX_EXTERN template std::optional<xt::xarray<T>> psum_scatter_across_processes<T>(                                   \
+      std::string_view, const strided_block<T>&, std::size_t, std::span<const named_axis>, const std::optional<groups_t>&, \
+      int, bool);                                                                                                          \
+  NAMEDAX_EXTERN template std::optional<xt::xarray<T>> all_to_all_across_processes<T>(                                     \
+      std::string_view, const strided_block<T>&, std::size_t, std::span<const named_axis>, const std::optional<groups_t>&, \
+      int, int, bool);                                                                                                     \
+  NAMEDAX_EXTERN template std::optional<xt::xarray<T>> ppermute_across_processes<T>(                                       \
+      std::string_view, const strided_block<T>&, std::span<const named_axis>, const permutation_t&);
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
+#undef NAMEDAX_INSTANTIATE
+#endif
+
 }  // namespace namedax::detail

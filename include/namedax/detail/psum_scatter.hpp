@@ -39,4 +39,13 @@ xt::xarray<T> psum_scatter_rule(std::string_view verb, strided_block<T> in, std:
   return out;
 }
 
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T)                                                                                           \
+  NAMEDAX_EXTERN template xt::xarray<T> psum_scatter_rule<T>(std::string_view, strided_block<T>, std::size_t,            \
+                                                            std::span<const named_axis>, const std::optional<groups_t>&, \
+                                                            int, bool);
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
+#undef NAMEDAX_INSTANTIATE
+#endif
+
 }  // namespace namedax::detail

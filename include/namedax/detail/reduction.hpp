@@ -101,4 +101,16 @@ std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, 
   return {std::move(out), std::move(divisor)};
 }
 
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T, Op)                                                                                        \
+  NAMEDAX_EXTERN template std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named<T, Op>(                                \
+      std::string_view, strided_block<T>, std::size_t, std::span<const named_axis>, const std::optional<groups_t>&, bool, \
+      bool, Op);
+#define NAMEDAX_INSTANTIATE_REDUCTIONS(T) \
+  NAMEDAX_INSTANTIATE(T, sum_op) NAMEDAX_INSTANTIATE(T, max_op) NAMEDAX_INSTANTIATE(T, min_op)
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE_REDUCTIONS)
+#undef NAMEDAX_INSTANTIATE
+#undef NAMEDAX_INSTANTIATE_REDUCTIONS
+#endif
+
 }  // namespace namedax::detail

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: MIT
+// The macros of the optional separate compilation (see <namedax/separate_compilation.hpp>).
+// IWYU pragma: private, include <namedax/namedax.hpp>
+#pragma once
+
+#include <cstdint>
+
+// Header-only (the default), every function is defined in the headers. With
+// NAMEDAX_SEPARATE_COMPILATION, the sizeable non-template functions of the runtime are declared
+// only, and the kernels of the common element types are explicit instantiation declarations
+// (`extern template`), so that a unit compiles neither; the one unit that includes
+// <namedax/separate_compilation.hpp> (which defines NAMEDAX_SOURCE) defines both, once.
+//   NAMEDAX_DECL          what precedes such a function: `inline`, or nothing when compiled separately
+//   NAMEDAX_DEFINITIONS   whether this unit sees the function's body
+//   NAMEDAX_EXTERN        `extern` before an explicit instantiation in a unit that uses the library,
+//                         nothing in the one that defines it
+//   NAMEDAX_FOR_EACH_ELEMENT_TYPE(M)   M(T) for each element type instantiated in advance
+#if !defined(NAMEDAX_SEPARATE_COMPILATION)
+#define NAMEDAX_DECL inline
+#define NAMEDAX_DEFINITIONS 1
+#elif defined(NAMEDAX_SOURCE)
+#define NAMEDAX_DECL
+#define NAMEDAX_DEFINITIONS 1
+#define NAMEDAX_EXTERN
+#else
+#define NAMEDAX_DECL
+#define NAMEDAX_DEFINITIONS 0
+#define NAMEDAX_EXTERN extern
+#endif
+
+#define NAMEDAX_FOR_EACH_ELEMENT_TYPE(M) M(float) M(double) M(std::int32_t) M(std::int64_t)
