@@ -467,3 +467,77 @@ TEST_SUITE("differential") {
     check(namedax::pmap<"i">(namedax::pmap<"j">(f))(x));
   }
 }
+
+TEST_SUITE("collective matmuls") {
+  xt::xarray<double> uniform(std::mt19937& rng, const std::vector<std::size_t>& shape) {
+    xt::xarray<double> a = xt::xarray<double>::from_shape(shape);
+    std::uniform_real_distribution<double> u(-1, 1);
+    for (auto& v : a) v = u(rng);
+    return a;
+  }
+
+  // The largest difference between a and b, relative to the largest magnitude of b.
+  double relative_error(const xt::xarray<double>& a, const xt::xarray<double>& b) {
+    REQUIRE(a.shape() == b.shape());
+    return xt::amax(xt::abs(a - b))() / std::max(1e-300, xt::amax(xt::abs(b))());
+  }
+
+  TEST_CASE("all_gather_matmul and matmul_reduce_scatter against gather-then-multiply and psum_scatter, random sizes") {
+    std::mt19937 rng(29);
+    for (int run = 0; run < 12; ++run) {
+      const std::size_t n = 1 + rng() % 4, b = 1 + rng() % 4, k = 1 + rng() % 5, c = 1 + rng() % 4;
+      const auto x = uniform(rng, {n, b, k});
+      const auto w = uniform(rng, {k, c});                // the same on every index
+      const auto w_parts = uniform(rng, {n, k, c});       // one per index
+      const auto x_parts = uniform(rng, {n, n * b, k});  // a part of a sum on every index
+      CAPTURE(n);
+      CAPTURE(b);
+      CAPTURE(k);
+      CAPTURE(c);
+
+      auto ring = [&w](auto x) { return namedax::all_gather_matmul(x, w, "i"_ax); };
+      auto gathered = [&w](auto x) {
+        return namedax::eval(namedax::xeinsum<"ij,jk->ik">(namedax::all_gather(x, "i"_ax, {.tiled = true}), w));
+      };
+      auto [v, p] = both_modes(ring, x);
+      CHECK_BITWISE(v, p);
+      CHECK(relative_error(v, namedax::vmap<"i">(gathered)(x)) < 1e-14);
+
+      auto ring_varying = [](auto x, auto w) { return namedax::all_gather_matmul(x, w, "i"_ax); };
+      auto [vv, pv] = both_modes(ring_varying, x, w_parts);
+      CHECK_BITWISE(vv, pv);
+      for (std::size_t i = 0; i < n; ++i) {  // index i multiplies the gathered rows by its own w
+        xt::xarray<double> rows = xt::reshape_view(x, {n * b, k});
+        xt::xarray<double> w_i = xt::view(w_parts, i);
+        xt::xarray<double> expected = xt::zeros<double>({n * b, c});
+        for (std::size_t r = 0; r < n * b; ++r)
+          for (std::size_t col = 0; col < c; ++col)
+            for (std::size_t j = 0; j < k; ++j) expected(r, col) += rows(r, j) * w_i(j, col);
+        CHECK(relative_error(xt::xarray<double>(xt::view(vv, i)), expected) < 1e-14);
+      }
+
+      auto scatter_ring = [](auto x, auto w) { return namedax::matmul_reduce_scatter(x, w, "i"_ax); };
+      auto scattered = [](auto x, auto w) {
+        return namedax::psum_scatter(namedax::xeinsum<"ij,jk->ik">(x, w), "i"_ax, {.tiled = true});
+      };
+      auto [vs, ps] = both_modes(scatter_ring, x_parts, w_parts);
+      CHECK_BITWISE(vs, ps);
+      CHECK(relative_error(vs, namedax::vmap<"i">(scattered)(x_parts, w_parts)) < 1e-13);
+    }
+  }
+
+  TEST_CASE("collective matmuls: bad sizes are errors naming the verb, the axis and the sizes, alike in both modes") {
+    std::mt19937 rng(5);
+    const auto x = uniform(rng, {4, 6, 3});
+    const auto w = uniform(rng, {4, 3, 2});
+    auto scatter_ring = [](auto x, auto w) { return namedax::matmul_reduce_scatter(x, w, "i"_ax); };
+    CHECK(error_of([&] { namedax::pmap<"i">(scatter_ring)(x, w); }) ==
+          "namedax::matmul_reduce_scatter: the 6 rows of the left operand do not split into 4 equal blocks along "
+          "axis 'i' of size 4");
+    CHECK(error_of([&] { namedax::vmap<"i">(scatter_ring)(x, w); }) == error_of([&] { namedax::pmap<"i">(scatter_ring)(x, w); }));
+    const auto vector = uniform(rng, {4, 3});
+    auto gather_ring = [](auto x, auto w) { return namedax::all_gather_matmul(x, w, "i"_ax); };
+    CHECK(error_of([&] { namedax::vmap<"i">(gather_ring)(vector, w); }) ==
+          "namedax::all_gather_matmul: the left operand is a matrix; it has positional shape (3,)");
+  }
+}

@@ -292,6 +292,21 @@ TEST_SUITE("structure") {
     }
   }
 
+  TEST_CASE("dynamic_update_slice into a plain array: the result varies along the update's names") {
+    const xt::xarray<float> rows = {{1.f, 2.f}, {3.f, 4.f}, {5.f, 6.f}};
+    const xt::xarray<float> zeros = xt::zeros<float>({3, 2});
+    auto f = [&zeros](auto row) {
+      auto i = namedax::axis_index("i"_ax);
+      return namedax::dynamic_update_slice(zeros, namedax::reshape(row, {1, 2}), std::tuple{i, 0});
+    };
+    xt::xarray<float> expected = xt::zeros<float>({3, 3, 2});
+    for (std::size_t i = 0; i < 3; ++i)
+      for (std::size_t j = 0; j < 2; ++j) expected(i, i, j) = rows(i, j);
+    auto [v, p] = namedax_test::both_modes(f, rows);
+    CHECK_BITWISE(v, expected);
+    CHECK_BITWISE(p, expected);
+  }
+
   TEST_CASE_TEMPLATE("concat and stack: a value varying along \"i\" with ones that do not", T, NAMEDAX_ELEMENT_TYPES) {
     std::mt19937 rng(14);
     for (int trial = 0; trial < 3; ++trial) {

@@ -5,6 +5,7 @@
 
 #include <namedax/async.hpp>
 #include <namedax/axis.hpp>
+#include <namedax/collective_matmul.hpp>
 #include <namedax/collectives.hpp>
 #include <namedax/elementwise.hpp>
 #include <namedax/error.hpp>

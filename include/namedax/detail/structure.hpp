@@ -373,8 +373,8 @@ struct dynamic_update_slice_op {
   template <class Y, class U, class... Starts>
   auto operator()(const Y& y, const U& update, const Starts&... starts) const {
     using Env = typename merged_env<env<>, Y, U, Starts...>::type;
-    using T = typename Y::value_type;
-    constexpr axis_mask varying = Y::varying | mask_of<U>() | (mask_of<Starts>() | ... | 0);
+    using T = value_type_of_t<Y>;  // y may be a plain array, the update a named value
+    constexpr axis_mask varying = mask_of<Y>() | mask_of<U>() | (mask_of<Starts>() | ... | 0);
     static_assert(update_has_the_value_type<T, value_type_of_t<U>> || std::is_arithmetic_v<U>,
                   "namedax::dynamic_update_slice: the update has another element type than the value; convert it "
                   "with namedax::cast");
