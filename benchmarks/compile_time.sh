@@ -3,8 +3,10 @@
 # translation unit that uses xtensor alone, of the flagship example, of one that only includes
 # namedax, of one that uses psum alone and of one that uses every collective, each under vmap
 # and pmap; then of the last one with namedax.hpp precompiled (the cost of the precompiled
-# header itself is a row of its own). Prints each one's ratio to the xtensor-only one and
-# writes them to a CSV file.
+# header itself is a row of its own); then of the one-collective and all-collectives units with
+# NAMEDAX_SEPARATE_COMPILATION (the one-off cost of the separately compiled source,
+# src/separate_compilation.cpp, is a row of its own). Prints each one's ratio to the
+# xtensor-only one and writes them to a CSV file.
 #
 #   benchmarks/compile_time.sh [output.csv]      (default: compile_time.csv in the current directory)
 #
@@ -67,9 +69,14 @@ units=(xtensor_only:"$work/xtensor_only.cpp"
        all_collectives:"$root/benchmarks/all_collectives.cpp"
        precompiled_header:PCH
        all_collectives_with_pch:"$root/benchmarks/all_collectives.cpp")
+# Separate compilation: units that declare what one source defines once.
+separate_units=(separate_compilation_source:"SEPARATE:$root/src/separate_compilation.cpp"
+                one_collective_separate:"SEPARATE:$work/one_collective.cpp"
+                all_collectives_separate:"SEPARATE:$root/benchmarks/all_collectives.cpp")
 
 # Precompiled headers as g++ finds them (a .gch beside the header); other compilers skip them.
 if ! "$cxx" --version | grep -qi 'gcc\|g++'; then units=("${units[@]:0:5}"); fi
+units+=("${separate_units[@]}")
 
 have_time=0
 if [ -x /usr/bin/time ] && /usr/bin/time -f '%M' true >/dev/null 2>&1; then have_time=1; fi
@@ -81,7 +88,10 @@ if [ -x /usr/bin/time ] && /usr/bin/time -f '%M' true >/dev/null 2>&1; then have
 compile_once() {
   local source="$1"
   local -a command=("$cxx" "${flags[@]}" -I"$root/include" -c "$source" -o "$work/unit.o")
-  if [ "$source" = PCH ]; then
+  if [ "${source#SEPARATE:}" != "$source" ]; then
+    source="${source#SEPARATE:}"
+    command=("$cxx" "${flags[@]}" -DNAMEDAX_SEPARATE_COMPILATION -I"$root/include" -c "$source" -o "$work/unit.o")
+  elif [ "$source" = PCH ]; then
     mkdir -p "$work/pch/namedax"
     # Built from a header that includes namedax.hpp (g++ warns about #pragma once in a main file).
     echo '#include <namedax/namedax.hpp>' >"$work/pch_source.hpp"
@@ -132,7 +142,7 @@ for entry in "${units[@]}"; do
     printf "%s,%.2f,%s,%s,%.2f,%s,%s", n, w, mb, cs, w / bw, rr, cr }')
   echo "$row" >>"$out"
   IFS=, read -r _ w mb cs wr rr cr <<<"$row"
-  printf '%-22s %7.2f s wall %6s MB %7s s CPU   ratios to xtensor_only: wall %s, memory %s, CPU %s\n' \
+  printf '%-28s %7.2f s wall %6s MB %7s s CPU   ratios to xtensor_only: wall %s, memory %s, CPU %s\n' \
          "$name" "$w" "$mb" "$cs" "$wr" "$rr" "$cr"
 done
 echo "written: $out"
