@@ -346,6 +346,14 @@ TEST_SUITE("transpose") {
     check_vjp_all(linear::ppermute("i"_ax, {{1, 0}, {2, 3}}), rng, {4, 2});
   }
 
+  TEST_CASE("transpose of all_gather_matmul and matmul_reduce_scatter: each other, by w transposed") {
+    std::mt19937 rng(21);
+    const xt::xarray<double> w = random_integers(rng, {3, 2});  // plain, the same on every index
+    check_adjoint_both(linear::all_gather_matmul(w, "i"_ax), rng, {4, 2, 3});
+    check_adjoint_both(linear::matmul_reduce_scatter(w, "i"_ax), rng, {4, 8, 3});
+    check_adjoint_both(linear::all_gather_matmul(w, "i"_ax), rng, {1, 5, 3});  // one index: a plain product
+  }
+
   TEST_CASE("transpose of pdot, in either operand, with contractions and batch dims") {
     std::mt19937 rng(8);
     const xt::xarray<double> w = random_integers(rng, {3, 5});  // plain, the same on every index

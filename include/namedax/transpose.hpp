@@ -3,6 +3,7 @@
 // their transposes (namedax::transpose) and pullbacks (namedax::vjp). See docs/adjoints.md.
 #pragma once
 
+#include <namedax/collective_matmul.hpp>
 #include <namedax/collectives.hpp>
 #include <namedax/ragged.hpp>
 #include <namedax/detail/transpose.hpp>
@@ -470,6 +471,48 @@ pdot_lhs_map<Y, A> pdot_lhs(Y y, A axes, detail::dimension_pairs pos_contract = 
 template <class X, AxisArgument A>
 pdot_rhs_map<X, A> pdot_rhs(X x, A axes, detail::dimension_pairs pos_contract = {}, detail::dimension_pairs pos_batch = {}) {
   return {{}, std::move(x), axes, std::move(pos_contract), std::move(pos_batch)};
+}
+
+/// x -> all_gather_matmul(x, w, axis), w fixed; its transpose is matmul_reduce_scatter of the
+/// cotangent by w transposed (each index's w^T, summed over the indices and scattered by rows).
+template <class W, Axis A>
+struct all_gather_matmul_map : detail::linear_map_base {
+  W w;
+  A axis;
+
+  template <class X>
+  auto operator()(const X& x) const {
+    return namedax::all_gather_matmul(x, w, axis);
+  }
+  template <NamedValue C>
+  auto transpose_of(const C& ct) const {
+    return namedax::matmul_reduce_scatter(namedax::pvary(ct, axis), detail::matrix_transpose(w), axis);
+  }
+};
+template <class W, Axis A>
+all_gather_matmul_map<W, A> all_gather_matmul(W w, A axis) {
+  return {{}, std::move(w), axis};
+}
+
+/// x -> matmul_reduce_scatter(x, w, axis), w fixed; its transpose is all_gather_matmul of the
+/// cotangent by w transposed.
+template <class W, Axis A>
+struct matmul_reduce_scatter_map : detail::linear_map_base {
+  W w;
+  A axis;
+
+  template <class X>
+  auto operator()(const X& x) const {
+    return namedax::matmul_reduce_scatter(x, w, axis);
+  }
+  template <NamedValue C>
+  auto transpose_of(const C& ct) const {
+    return namedax::all_gather_matmul(namedax::pvary(ct, axis), detail::matrix_transpose(w), axis);
+  }
+};
+template <class W, Axis A>
+matmul_reduce_scatter_map<W, A> matmul_reduce_scatter(W w, A axis) {
+  return {{}, std::move(w), axis};
 }
 
 // ---------------------------------------------------------------------------------------

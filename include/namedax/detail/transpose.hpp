@@ -8,6 +8,7 @@
 
 #include <namedax/collectives.hpp>
 #include <namedax/detail/all_gather.hpp>
+#include <namedax/structure.hpp>
 
 #include <bit>
 #include <numeric>
@@ -214,6 +215,13 @@ auto broadcast_positional(const C& ct, const std::vector<std::size_t>& dims, con
   auto out = xt::xarray<T>::from_shape(view.shape);
   copy_strided(view, out.data());
   return make_named<shared_array<T>, Env, C::varying>(share_array<T>(std::move(out)));
+}
+
+/// A matrix's transpose: a view of a named value, a copy of a plain array.
+template <class W>
+auto matrix_transpose(const W& w) {
+  if constexpr (NamedOperand<W>) return namedax::permute_dims(w, {1, 0});
+  else return xt::xarray<typename W::value_type>(xt::transpose(w));
 }
 
 /// The positional rank of a named value or an xtensor expression.
