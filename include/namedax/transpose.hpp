@@ -473,46 +473,31 @@ pdot_rhs_map<X, A> pdot_rhs(X x, A axes, detail::dimension_pairs pos_contract = 
   return {{}, std::move(x), axes, std::move(pos_contract), std::move(pos_batch)};
 }
 
-/// x -> all_gather_matmul(x, w, axis), w fixed; its transpose is matmul_reduce_scatter of the
-/// cotangent by w transposed (each index's w^T, summed over the indices and scattered by rows).
-template <class W, Axis A>
-struct all_gather_matmul_map : detail::linear_map_base {
+/// x -> Forward(x, w, axis), w fixed, a collective matmul; its transpose is Transposed of the
+/// cotangent by w transposed. all_gather_matmul and matmul_reduce_scatter are each other's.
+template <class Forward, class Transposed, class W, Axis A>
+struct collective_matmul_map : detail::linear_map_base {
   W w;
   A axis;
 
   template <class X>
   auto operator()(const X& x) const {
-    return namedax::all_gather_matmul(x, w, axis);
+    return Forward{}(x, w, axis);
   }
   template <NamedValue C>
   auto transpose_of(const C& ct) const {
-    return namedax::matmul_reduce_scatter(namedax::pvary(ct, axis), detail::matrix_transpose(w), axis);
+    return Transposed{}(namedax::pvary(ct, axis), detail::matrix_transpose(w), axis);
   }
 };
+/// x -> all_gather_matmul(x, w, axis); its transpose is matmul_reduce_scatter(ct, w^T, axis).
 template <class W, Axis A>
-all_gather_matmul_map<W, A> all_gather_matmul(W w, A axis) {
-  return {{}, std::move(w), axis};
+auto all_gather_matmul(W w, A axis) {
+  return collective_matmul_map<all_gather_matmul_fn, matmul_reduce_scatter_fn, W, A>{{}, std::move(w), axis};
 }
-
-/// x -> matmul_reduce_scatter(x, w, axis), w fixed; its transpose is all_gather_matmul of the
-/// cotangent by w transposed.
+/// x -> matmul_reduce_scatter(x, w, axis); its transpose is all_gather_matmul(ct, w^T, axis).
 template <class W, Axis A>
-struct matmul_reduce_scatter_map : detail::linear_map_base {
-  W w;
-  A axis;
-
-  template <class X>
-  auto operator()(const X& x) const {
-    return namedax::matmul_reduce_scatter(x, w, axis);
-  }
-  template <NamedValue C>
-  auto transpose_of(const C& ct) const {
-    return namedax::all_gather_matmul(namedax::pvary(ct, axis), detail::matrix_transpose(w), axis);
-  }
-};
-template <class W, Axis A>
-matmul_reduce_scatter_map<W, A> matmul_reduce_scatter(W w, A axis) {
-  return {{}, std::move(w), axis};
+auto matmul_reduce_scatter(W w, A axis) {
+  return collective_matmul_map<matmul_reduce_scatter_fn, all_gather_matmul_fn, W, A>{{}, std::move(w), axis};
 }
 
 // ---------------------------------------------------------------------------------------
