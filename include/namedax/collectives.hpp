@@ -178,9 +178,11 @@ struct ppermute_fn {
   }
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes, const std::vector<std::pair<int, int>>& perm) const {
-    // The pairs are copied: a deferred value keeps them until it is resolved.
-    auto pairs_of = [perm](auto) -> const auto& { return perm; };
-    return detail::permute_tree<ppermute_fn>(x, detail::names_only(detail::to_axis_list(axes)), pairs_of);
+    // The pairs are read where they are; only a deferred value, kept past this call, copies them.
+    auto pairs_of = [&perm](auto) -> const auto& { return perm; };
+    auto owning_pairs_of = [&perm] { return [perm](auto) -> const auto& { return perm; }; };
+    return detail::permute_tree<ppermute_fn>(x, detail::names_only(detail::to_axis_list(axes)), pairs_of,
+                                             owning_pairs_of);
   }
 };
 inline constexpr ppermute_fn ppermute{};
@@ -191,7 +193,8 @@ struct pshuffle_fn {
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes, const std::vector<int>& perm) const {
     auto pairs_of = [perm](auto ax) { return detail::shuffle_pairs(name, ax, perm); };
-    return detail::permute_tree<pshuffle_fn>(x, detail::names_only(detail::to_axis_list(axes)), pairs_of);
+    return detail::permute_tree<pshuffle_fn>(x, detail::names_only(detail::to_axis_list(axes)), pairs_of,
+                                             [&pairs_of] { return pairs_of; });
   }
 };
 inline constexpr pshuffle_fn pshuffle{};

@@ -154,13 +154,19 @@ auto permute_node(const X& x, type_list<Names...>, PairsOf pairs_of) {
 }
 
 /// ppermute and pshuffle of every leaf: one exchange for a node movable by reference,
-/// otherwise leaf by leaf. `pairs_of(axes)` gives the (source, destination) pairs; a
-/// deferred leaf keeps its own copy of it until it is resolved.
-template <class Verb, class X, class... Names, class PairsOf>
-auto permute_tree(const X& x, type_list<Names...> names, PairsOf pairs_of) {
+/// otherwise leaf by leaf. `pairs_of(axes)` gives the (source, destination) pairs, and may
+/// refer to the caller's data (a call then copies nothing); a deferred leaf, which may outlive
+/// the call, takes `owning_pairs_of()`, which owns its copy.
+template <class Verb, class X, class... Names, class PairsOf, class OwningPairsOf>
+auto permute_tree(const X& x, type_list<Names...> names, PairsOf pairs_of, OwningPairsOf owning_pairs_of) {
   if constexpr (node_movable_by_reference<X>(type_list<Names...>{}))
     if (auto moved = permute_node<Verb>(x, names, pairs_of)) return std::move(*moved);
-  return tree_map(x, [&](const auto& leaf) { return permute_leaf<Verb>(leaf, names, pairs_of); });
+  return tree_map(x, [&](const auto& leaf) {
+    if constexpr (DeferredValue<std::remove_cvref_t<decltype(leaf)>>)
+      return permute_leaf<Verb>(leaf, names, owning_pairs_of());
+    else
+      return permute_leaf<Verb>(leaf, names, pairs_of);
+  });
 }
 
 /// axis_index over `Names`: the row-major index over them of each position, as int32, once
