@@ -4,6 +4,7 @@
 #pragma once
 
 #include <namedax/async.hpp>
+#include <namedax/autodiff.hpp>
 #include <namedax/axis.hpp>
 #include <namedax/collective_matmul.hpp>
 #include <namedax/collectives.hpp>

@@ -6,6 +6,7 @@
 #include <namedax/collective_matmul.hpp>
 #include <namedax/collectives.hpp>
 #include <namedax/ragged.hpp>
+#include <namedax/detail/traced.hpp>
 #include <namedax/detail/transpose.hpp>
 
 #include <tuple>
@@ -699,10 +700,19 @@ inline constexpr transpose_fn transpose{};
 /// of op applied to a cotangent of y, with x's type: where x does not vary along a name the
 /// result is summed over it, as JAX's rule for an implicit pvary. Composites keep every
 /// intermediate's type.
+///
+/// For any other function of named values (namedax/autodiff.hpp), `auto [y, pullback] =
+/// namedax::vjp(f, xs...)`: y is f(xs...), and pullback(ct) gives a std::tuple with the
+/// cotangent of each argument, each a pytree shaped as the argument.
 struct vjp_fn {
   template <LinearMap Op, NamedValue X>
   auto operator()(const Op& op, const X& x) const {
     return detail::vjp_of(op, x);
+  }
+  template <class F, class... Xs>
+    requires(!LinearMap<F>)
+  auto operator()(const F& f, const Xs&... xs) const {
+    return detail::ad::vjp_of_function(f, xs...);
   }
 };
 inline constexpr vjp_fn vjp{};

@@ -14,6 +14,7 @@
 #include <namedax/detail/pgather.hpp>
 #include <namedax/detail/ppermute.hpp>
 #include <namedax/detail/psum_scatter.hpp>
+#include <namedax/detail/traced.hpp>
 #include <namedax/elementwise.hpp>
 
 #include <limits>
@@ -33,6 +34,9 @@ auto gather_tree(const X& x, const A& axes, const all_gather_options& options) {
   auto names = names_only(to_axis_list(axes));
   auto groups = groups_of(options.axis_index_groups);
   return tree_map(x, [&](const auto& leaf) {
+    if constexpr (Traced<decltype(leaf)>)
+      return derivative<rule::all_gather<Invariant>, Verb>::apply(leaf, axes, options);
+    else
     return collective_leaf<Verb, Invariant, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
       constexpr std::string_view verb = Verb::name;
       if (auto out = all_gather_across_processes(verb, in, rank, ax, groups, options.axis, options.tiled))
@@ -50,6 +54,9 @@ auto psum_scatter_tree(const X& x, const A& axes, const psum_scatter_options& op
   auto names = names_only(to_axis_list(axes));
   auto groups = groups_of(options.axis_index_groups);
   return tree_map(x, [&](const auto& leaf) {
+    if constexpr (Traced<decltype(leaf)>)
+      return derivative<rule::psum_scatter, Verb>::apply(leaf, axes, options);
+    else
     return collective_leaf<Verb, false, true>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
       if (auto out = psum_scatter_across_processes(Verb::name, in, rank, ax, groups, options.scatter_dimension,
                                                    options.tiled))
@@ -68,6 +75,9 @@ auto all_to_all_tree(const X& x, const A& axes, int split_axis, int concat_axis,
   auto names = names_only(to_axis_list(axes));
   auto groups = groups_of(axis_index_groups);
   return tree_map(x, [&](const auto& leaf) {
+    if constexpr (Traced<decltype(leaf)>)
+      return derivative<rule::all_to_all, Verb>::apply(leaf, axes, split_axis, concat_axis, axis_index_groups, tiled);
+    else
     return collective_leaf<Verb, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
       if (auto out = all_to_all_across_processes(Verb::name, in, rank, ax, groups, split_axis, concat_axis, tiled))
         return std::move(*out);
@@ -162,7 +172,9 @@ auto permute_tree(const X& x, type_list<Names...> names, PairsOf pairs_of, Ownin
   if constexpr (node_movable_by_reference<X>(type_list<Names...>{}))
     if (auto moved = permute_node<Verb>(x, names, pairs_of)) return std::move(*moved);
   return tree_map(x, [&](const auto& leaf) {
-    if constexpr (DeferredValue<std::remove_cvref_t<decltype(leaf)>>)
+    if constexpr (Traced<decltype(leaf)>)
+      return derivative<rule::permute, Verb>::apply(leaf, names, pairs_of);
+    else if constexpr (DeferredValue<std::remove_cvref_t<decltype(leaf)>>)
       return permute_leaf<Verb>(leaf, names, owning_pairs_of());
     else
       return permute_leaf<Verb>(leaf, names, pairs_of);
@@ -224,7 +236,10 @@ struct pvary_verb {
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes) const {
     auto names = names_only(to_axis_list(axes));
-    return tree_map(x, [&](const auto& leaf) { return pvary_leaf<Verb>(leaf, names); });
+    return tree_map(x, [&](const auto& leaf) {
+      if constexpr (Traced<decltype(leaf)>) return derivative<rule::pvary, Verb>::apply(leaf, axes);
+      else return pvary_leaf<Verb>(leaf, names);
+    });
   }
 };
 /// Whether namedax has a type for pcast's target: only `varying`. Named so that a failing
@@ -237,6 +252,9 @@ template <class Verb, class X, class A>
 auto pbroadcast_tree(const X& x, const A& axes, int source) {
   auto names = names_only(to_axis_list(axes));
   return tree_map(x, [&](const auto& leaf) {
+    if constexpr (Traced<decltype(leaf)>)
+      return derivative<rule::pbroadcast, Verb>::apply(leaf, axes, source);
+    else
     return collective_leaf<Verb, true, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
       if (auto out = pbroadcast_across_processes(Verb::name, in, ax, source)) return std::move(*out);
       return pbroadcast_rule(Verb::name, std::move(in), rank, ax, source);

@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: MIT
+// Reverse-mode derivatives of functions of named values: namedax::grad, value_and_grad and
+// vjp, as JAX's. See docs/adjoints.md.
+//
+//   auto loss = [](const auto& w, const auto& x, const auto& y) {
+//     auto r = namedax::pdot(x, w, namedax::axes(), {{1}, {0}}) - y;
+//     return namedax::pmean(namedax::mean(r * r), "batch"_ax);
+//   };
+//   auto dw = namedax::grad(loss)(w, x, y);  // inside vmap<"batch"> or pmap<"batch">
+//
+// The function is called once, with each differentiated argument (a named value, array or
+// scalar of floating type, or a pytree of them) as a namedax::traced value; every namedax
+// operation on a traced value computes its result as usual and records, with it, how to send
+// a cotangent back (its pullback). The pullbacks then run newest first. A collective's
+// pullback is its transpose (namedax::linear), so it communicates as the collective did: each
+// device runs the same pullbacks in the same order. Memory: every intermediate result is kept
+// until the gradient is read, as in JAX's reverse mode.
+//
+// Cotangents pair with values as docs/adjoints.md says: a result that varies along a name is
+// differentiated as the sum of its values along it, so `grad` of a per-device loss is the
+// gradient of the total loss, and the gradient of a parameter that does not vary along a name
+// (replicated) is summed over it, by construction (JAX's check_vma rules).
+#pragma once
+
+#include <namedax/detail/autodiff.hpp>
+
+namespace namedax {
+
+/// Operands of an operation on traced values: each a traced value or an operand of named
+/// arithmetic, and one at least traced.
+template <class... Xs>
+concept TracedOperands = ((Traced<Xs> || Operand<Xs>) && ...) && (Traced<Xs> || ...);
+
+/// `grad(f)(x, rest...)`: the gradient of the scalar `f(x, rest...)` in x (a pytree: the
+/// result has x's structure and types), the other arguments held constant (jax.grad with
+/// argnums=0). f's result must have positional shape []; where it varies along names, the
+/// gradient is that of its sum over them. Integer and bool leaves get zeros.
+template <class F>
+auto grad(F f) {
+  return detail::ad::gradient<F, false>{std::move(f)};
+}
+
+/// `value_and_grad(f)(x, rest...)`: `std::pair{f(x, rest...), grad(f)(x, rest...)}`,
+/// computing f once.
+template <class F>
+auto value_and_grad(F f) {
+  return detail::ad::gradient<F, true>{std::move(f)};
+}
+
+/// The value without its record: no derivative flows through it (jax.lax.stop_gradient).
+template <class X>
+decltype(auto) stop_gradient(const X& x) {
+  return detail::ad::primal_of(x);
+}
+
+/// A traced value is already evaluated.
+template <Traced X>
+const X& eval(const X& x) {
+  return x;
+}
+
+}  // namespace namedax
+
+// `derivative` is written in terms of the cotangent `ct`, the result `y` and the operand
+// primals `a` (and `b`); `T` is the cotangent's element type.
+#define NAMEDAX_TRACED_UNARY(name, derivative)                                                              \
+  template <Traced X>                                                                                       \
+  auto name(const X& x) {                                                                                   \
+    return ::namedax::detail::ad::elementwise(                                                              \
+        [](const auto& a) { return ::namedax::name(a); },                                                   \
+        []<class C>(const C& ct, auto, [[maybe_unused]] const auto& y, [[maybe_unused]] const auto& a) {    \
+          using T = typename C::value_type;                                                                 \
+          return derivative;                                                                                \
+        },                                                                                                  \
+        x);                                                                                                 \
+  }
+#define NAMEDAX_TRACED_BINARY(name, derivative_a, derivative_b)                                             \
+  template <class L, class R>                                                                               \
+    requires TracedOperands<L, R>                                                                           \
+  auto name(const L& l, const R& r) {                                                                       \
+    return ::namedax::detail::ad::elementwise(                                                              \
+        [](const auto& a, const auto& b) { return ::namedax::name(a, b); },                                 \
+        []<class C>(const C& ct, auto k, [[maybe_unused]] const auto& y, [[maybe_unused]] const auto& a,     \
+                    [[maybe_unused]] const auto& b) {                                                       \
+          using T = typename C::value_type;                                                                 \
+          if constexpr (decltype(k)::value == 0) return derivative_a;                                       \
+          else return derivative_b;                                                                         \
+        },                                                                                                  \
+        l, r);                                                                                              \
+  }
+// A comparison is not differentiated: it compares the primals.
+#define NAMEDAX_TRACED_COMPARISON(name)                                                                     \
+  template <class L, class R>                                                                               \
+    requires TracedOperands<L, R>                                                                           \
+  auto name(const L& l, const R& r) {                                                                       \
+    return ::namedax::name(::namedax::detail::ad::primal_of(l), ::namedax::detail::ad::primal_of(r));       \
+  }
+
+namespace namedax {
+
+// Arithmetic.
+NAMEDAX_TRACED_BINARY(operator+, ct, ct)
+NAMEDAX_TRACED_BINARY(operator-, ct, -ct)
+NAMEDAX_TRACED_BINARY(operator*, ct * b, ct * a)
+NAMEDAX_TRACED_BINARY(operator/, ct / b, -(ct * y) / b)
+NAMEDAX_TRACED_UNARY(operator-, -ct)
+NAMEDAX_TRACED_UNARY(operator+, ct)
+
+// Comparisons, on the primals.
+NAMEDAX_TRACED_COMPARISON(operator<)
+NAMEDAX_TRACED_COMPARISON(operator<=)
+NAMEDAX_TRACED_COMPARISON(operator>)
+NAMEDAX_TRACED_COMPARISON(operator>=)
+NAMEDAX_TRACED_COMPARISON(operator==)
+NAMEDAX_TRACED_COMPARISON(operator!=)
+NAMEDAX_TRACED_COMPARISON(equal)
+NAMEDAX_TRACED_COMPARISON(not_equal)
+NAMEDAX_TRACED_COMPARISON(less)
+NAMEDAX_TRACED_COMPARISON(less_equal)
+NAMEDAX_TRACED_COMPARISON(greater)
+NAMEDAX_TRACED_COMPARISON(greater_equal)
+
+// Elementwise functions. abs has derivative sign(x) (0 at 0), as JAX.
+NAMEDAX_TRACED_UNARY(abs, ct * sign(a))
+NAMEDAX_TRACED_UNARY(fabs, ct * sign(a))
+NAMEDAX_TRACED_UNARY(sign, ct * T(0))
+NAMEDAX_TRACED_UNARY(exp, ct * y)
+NAMEDAX_TRACED_UNARY(exp2, ct * y * T(std::numbers::ln2))
+NAMEDAX_TRACED_UNARY(expm1, ct * (y + T(1)))
+NAMEDAX_TRACED_UNARY(log, ct / a)
+NAMEDAX_TRACED_UNARY(log2, ct / (a * T(std::numbers::ln2)))
+NAMEDAX_TRACED_UNARY(log10, ct / (a * T(std::numbers::ln10)))
+NAMEDAX_TRACED_UNARY(log1p, ct / (a + T(1)))
+NAMEDAX_TRACED_UNARY(sigmoid, ct * y * (T(1) - y))
+NAMEDAX_TRACED_UNARY(sqrt, ct * T(0.5) / y)
+NAMEDAX_TRACED_UNARY(cbrt, ct / (T(3) * y * y))
+NAMEDAX_TRACED_UNARY(square, ct * T(2) * a)
+NAMEDAX_TRACED_UNARY(cube, ct * T(3) * a * a)
+NAMEDAX_TRACED_UNARY(sin, ct * cos(a))
+NAMEDAX_TRACED_UNARY(cos, -ct * sin(a))
+NAMEDAX_TRACED_UNARY(tan, ct * (T(1) + y * y))
+NAMEDAX_TRACED_UNARY(asin, ct / sqrt(T(1) - a * a))
+NAMEDAX_TRACED_UNARY(acos, -ct / sqrt(T(1) - a * a))
+NAMEDAX_TRACED_UNARY(atan, ct / (T(1) + a * a))
+NAMEDAX_TRACED_UNARY(sinh, ct * cosh(a))
+NAMEDAX_TRACED_UNARY(cosh, ct * sinh(a))
+NAMEDAX_TRACED_UNARY(tanh, ct * (T(1) - y * y))
+NAMEDAX_TRACED_UNARY(asinh, ct / sqrt(a * a + T(1)))
+NAMEDAX_TRACED_UNARY(acosh, ct / sqrt(a * a - T(1)))
+NAMEDAX_TRACED_UNARY(atanh, ct / (T(1) - a * a))
+NAMEDAX_TRACED_UNARY(erf, ct * T(std::numbers::inv_sqrtpi * 2) * exp(-a * a))
+NAMEDAX_TRACED_UNARY(erfc, -ct * T(std::numbers::inv_sqrtpi * 2) * exp(-a * a))
+NAMEDAX_TRACED_UNARY(deg2rad, ct * T(std::numbers::pi / 180))
+NAMEDAX_TRACED_UNARY(radians, ct * T(std::numbers::pi / 180))
+NAMEDAX_TRACED_UNARY(rad2deg, ct * T(180 / std::numbers::pi))
+NAMEDAX_TRACED_UNARY(degrees, ct * T(180 / std::numbers::pi))
+/// pow(a, b): b a^(b-1) in a; y log(a) in b, 0 where a is 0 (as JAX).
+NAMEDAX_TRACED_BINARY(pow, ct * b * pow(a, b - T(1)),
+                      where(a == T(0), T(0) * ct, ct * y * log(where(a == T(0), T(1), a))))
+/// maximum and minimum send the cotangent to the operand chosen, half to each on a tie (as JAX).
+NAMEDAX_TRACED_BINARY(maximum, ct * (cast<T>(a > b) + T(0.5) * cast<T>(a == b)),
+                      ct * (cast<T>(b > a) + T(0.5) * cast<T>(a == b)))
+NAMEDAX_TRACED_BINARY(minimum, ct * (cast<T>(a < b) + T(0.5) * cast<T>(a == b)),
+                      ct * (cast<T>(b < a) + T(0.5) * cast<T>(a == b)))
+NAMEDAX_TRACED_BINARY(fmax, ct * (cast<T>(a > b) + T(0.5) * cast<T>(a == b)),
+                      ct * (cast<T>(b > a) + T(0.5) * cast<T>(a == b)))
+NAMEDAX_TRACED_BINARY(fmin, ct * (cast<T>(a < b) + T(0.5) * cast<T>(a == b)),
+                      ct * (cast<T>(b < a) + T(0.5) * cast<T>(a == b)))
+NAMEDAX_TRACED_BINARY(atan2, ct * b / (a * a + b * b), -ct * a / (a * a + b * b))
+NAMEDAX_TRACED_BINARY(hypot, ct * a / y, ct * b / y)
+
+// Local reductions: `sum(x, dims, {.keepdims})` and the others take their dims as the
+// reductions of named values do (none, one, a braced list, a DimList).
+#define NAMEDAX_TRACED_REDUCTION(verb)                                                                   \
+  template <Traced X>                                                                                   \
+  auto verb(const X& x, reduction_options o = {}) {                                                     \
+    return traced_reduction_##verb(x, std::nullopt, o.keepdims);                                        \
+  }                                                                                                     \
+  template <Traced X, Dim D>                                                                            \
+  auto verb(const X& x, D dim, reduction_options o = {}) {                                              \
+    return traced_reduction_##verb(x, std::vector<int>{static_cast<int>(dim)}, o.keepdims);             \
+  }                                                                                                     \
+  template <Traced X>                                                                                   \
+  auto verb(const X& x, std::initializer_list<int> dims, reduction_options o = {}) {                    \
+    return traced_reduction_##verb(x, std::vector<int>(dims), o.keepdims);                              \
+  }                                                                                                     \
+  template <Traced X, DimList D>                                                                        \
+  auto verb(const X& x, const D& dims, reduction_options o = {}) {                                      \
+    return traced_reduction_##verb(x, std::vector<int>(std::begin(dims), std::end(dims)), o.keepdims);  \
+  }
+#define NAMEDAX_TRACED_REDUCTION_BODY(verb)                                                              \
+  namespace detail::ad {                                                                                \
+  template <class X>                                                                                    \
+  auto traced_reduction_##verb(const X& x, std::optional<std::vector<int>> dims, bool keepdims) {       \
+    return reduce<local_reduction::verb>(x, std::move(dims), keepdims, [](const auto& v, const auto& d) { \
+      return d ? namedax::verb(v, *d, {.keepdims = true}) : namedax::verb(v, {.keepdims = true});       \
+    });                                                                                                 \
+  }                                                                                                     \
+  }                                                                                                     \
+  using detail::ad::traced_reduction_##verb;                                                            \
+  NAMEDAX_TRACED_REDUCTION(verb)
+
+/// `sum`, `mean`: the cotangent spread over the reduced dims (divided by their count for mean).
+NAMEDAX_TRACED_REDUCTION_BODY(sum)
+NAMEDAX_TRACED_REDUCTION_BODY(mean)
+/// `max`, `min`: the cotangent to the elements holding the extreme, shared equally among ties.
+NAMEDAX_TRACED_REDUCTION_BODY(max)
+NAMEDAX_TRACED_REDUCTION_BODY(min)
+/// `logsumexp`: the cotangent times softmax.
+NAMEDAX_TRACED_REDUCTION_BODY(logsumexp)
+
+/// `softmax(x, dim)`: y (ct - sum(ct y)) along dim.
+template <Traced X, Dim D = int>
+auto softmax(const X& x, D dim = -1) {
+  return detail::ad::elementwise(
+      [dim](const auto& a) { return namedax::softmax(a, dim); },
+      [dim](const auto& ct, auto, const auto& y, const auto&) {
+        return namedax::eval(y * (ct - namedax::sum(ct * y, static_cast<int>(dim), {.keepdims = true})));
+      },
+      x);
+}
+/// `log_softmax(x, dim)`: ct - exp(y) sum(ct) along dim.
+template <Traced X, Dim D = int>
+auto log_softmax(const X& x, D dim = -1) {
+  return detail::ad::elementwise(
+      [dim](const auto& a) { return namedax::log_softmax(a, dim); },
+      [dim](const auto& ct, auto, const auto& y, const auto&) {
+        return namedax::eval(ct - namedax::exp(y) * namedax::sum(ct, static_cast<int>(dim), {.keepdims = true}));
+      },
+      x);
+}
+
+/// `where(condition, a, b)`: the cotangent goes to the operand chosen; the condition is not
+/// differentiated.
+template <class Cnd, class A, class B>
+  requires(Operand<Cnd> && TracedOperands<A, B>)
+auto where(const Cnd& condition, const A& a, const B& b) {
+  return detail::ad::elementwise(
+      [condition](const auto& u, const auto& v) { return namedax::where(condition, u, v); },
+      [condition]<class C>(const C& ct, auto k, const auto&, const auto&, const auto&) {
+        using T = typename C::value_type;
+        if constexpr (decltype(k)::value == 0) return namedax::where(condition, ct, T(0));
+        else return namedax::where(condition, T(0), ct);
+      },
+      a, b);
+}
+
+/// `cast<T>(x)`: to a floating type the cotangent is cast back; to an integer or bool type the
+/// result is a constant of the program.
+template <class T, Traced X>
+auto cast(const X& x) {
+  if constexpr (detail::ad::differentiable_element<T>)
+    return detail::ad::elementwise([](const auto& a) { return namedax::cast<T>(a); },
+                                   [](const auto& ct, auto, const auto&, const auto&) { return ct; }, x);
+  else
+    return namedax::eval(namedax::cast<T>(x.primal()));
+}
+
+}  // namespace namedax
+
+#undef NAMEDAX_TRACED_UNARY
+#undef NAMEDAX_TRACED_BINARY
+#undef NAMEDAX_TRACED_COMPARISON
+#undef NAMEDAX_TRACED_REDUCTION
+#undef NAMEDAX_TRACED_REDUCTION_BODY

@@ -1,0 +1,596 @@
+// SPDX-License-Identifier: MIT
+// Reverse-mode differentiation behind namedax/autodiff.hpp: the recorded program (a graph of
+// cells, one per operation on traced values, each holding its primal and a pullback), the
+// sweep that runs the pullbacks newest first, the fit of a contribution to its operand's type,
+// and the rules of the operations: elementwise ones here, the collectives through the linear
+// maps of namedax/transpose.hpp.
+// IWYU pragma: private, include <namedax/autodiff.hpp>
+#pragma once
+
+#include <namedax/detail/traced.hpp>
+#include <namedax/elementwise.hpp>
+#include <namedax/reductions.hpp>
+#include <namedax/structure.hpp>
+#include <namedax/transpose.hpp>
+
+#include <xtensor/xbroadcast.hpp>
+#include <xtensor/xreducer.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <numbers>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <unordered_set>
+#include <variant>
+#include <utility>
+#include <vector>
+
+namespace namedax::detail::ad {
+
+/// The value a named expression evaluates to: named<shared_array<T>, Env, Varying>.
+template <class X>
+using owned_t = decltype(namedax::eval(std::declval<const X&>()));
+
+/// Whether values of element type T are differentiated: floating point ones are; integers,
+/// bools and indices are constants of the program.
+template <class T>
+inline constexpr bool differentiable_element = std::is_floating_point_v<T>;
+
+/// One recorded operation. `order` grows with every node made, so a node's operands are older
+/// than it: running the pullbacks in decreasing order completes each cotangent before it is
+/// used. Every device runs the same program, so each runs its pullbacks, and the collectives
+/// in them, in the same order.
+struct node {
+  explicit node(std::vector<std::shared_ptr<node>> operands) : parents(std::move(operands)), order(next_order()) {}
+  node(const node&) = delete;
+  node& operator=(const node&) = delete;
+  virtual ~node() = default;
+  /// Adds this node's cotangent, through its pullback, to its operands' cotangents.
+  virtual void propagate() = 0;
+  /// Drops the cotangent, so that a pullback may run again.
+  virtual void forget() = 0;
+
+  std::vector<std::shared_ptr<node>> parents;
+  std::uint64_t order;
+
+ private:
+  static std::uint64_t next_order() {
+    static std::atomic<std::uint64_t> counter{0};
+    return counter.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+template <class R, class N>
+N fit(const R& r, const std::vector<std::size_t>& shape);
+
+/// A recorded value of type N (named<shared_array<T>, Env, Varying>) and its cotangent, which
+/// has N's type: contributions are summed where they vary and N does not, and over the
+/// positional dims they were broadcast along (see fit).
+template <class N>
+struct cell final : node {
+  using pullback_type = std::function<void(const N&)>;
+
+  cell(N value, std::vector<std::shared_ptr<node>> operands, pullback_type pb)
+      : node(std::move(operands)), primal(std::move(value)), pullback(std::move(pb)) {}
+
+  void propagate() override {
+    if (cotangent && pullback) pullback(*cotangent);
+  }
+  void forget() override { cotangent.reset(); }
+
+  template <class R>
+  void accumulate(const R& contribution) {
+    N c = fit<R, N>(contribution, primal.shape());
+    if (cotangent) cotangent.emplace(namedax::eval(*cotangent + c));
+    else cotangent.emplace(std::move(c));
+  }
+
+  N primal;
+  std::optional<N> cotangent;
+  pullback_type pullback;
+};
+
+}  // namespace namedax::detail::ad
+
+namespace namedax {
+
+/// A named value recorded for reverse-mode differentiation: what a function given to
+/// namedax::grad or namedax::vjp receives for each differentiated argument, and what every
+/// namedax operation on such a value returns. It reads like the named value it holds
+/// (`primal()`); the program it was computed by is kept until its pullback has run.
+template <class N>
+class traced {
+ public:
+  using traced_tag = void;
+  using primal_type = N;
+  using value_type = typename N::value_type;
+  using env_type = typename N::env_type;
+  static constexpr axis_mask varying = N::varying;
+
+  explicit traced(std::shared_ptr<detail::ad::cell<N>> c) : cell_(std::move(c)) {}
+
+  /// The value itself, without its record: use it where a derivative must not flow (JAX's
+  /// stop_gradient), or to print.
+  [[nodiscard]] const N& primal() const noexcept { return cell_->primal; }
+  [[nodiscard]] std::size_t dimension() const { return primal().dimension(); }
+  [[nodiscard]] std::vector<std::size_t> shape() const { return primal().shape(); }
+  /// The single value on this device, as named::value(): for SPMD control flow.
+  [[nodiscard]] value_type value() const { return primal().value(); }
+  explicit operator bool() const { return static_cast<bool>(value()); }
+
+  [[nodiscard]] const std::shared_ptr<detail::ad::cell<N>>& cell() const noexcept { return cell_; }
+
+ private:
+  std::shared_ptr<detail::ad::cell<N>> cell_;
+};
+
+}  // namespace namedax
+
+namespace namedax::detail::ad {
+
+/// What an operation computes with: a traced operand's value, any other operand as it is.
+template <class X>
+decltype(auto) primal_of(const X& x) {
+  if constexpr (Traced<X>) return (x.primal());
+  else return (x);
+}
+
+/// A traced input: a cell with no operands and no pullback.
+template <class N>
+traced<owned_t<N>> input(const N& x) {
+  using O = owned_t<N>;
+  return traced<O>(std::make_shared<cell<O>>(namedax::eval(x), std::vector<std::shared_ptr<node>>{}, nullptr));
+}
+
+/// `r`, a contribution computed in an environment that extends `Env` (an operation mixed the
+/// operand with values of inner maps), summed over the inner names and given `Env`.
+template <class Env, class R>
+auto in_env(const R& r) {
+  using REnv = typename R::env_type;
+  if constexpr (std::is_same_v<REnv, Env>) {
+    return r;
+  } else {
+    static_assert(env_is_prefix<Env, REnv>(),
+                  "namedax::grad: an operand and the value computed from it have environments that do not nest");
+    constexpr axis_mask outer = (axis_mask{1} << Env::size) - 1;
+    constexpr axis_mask inner = R::varying & ~outer;
+    auto summed = [&] {
+      if constexpr (inner == 0) return r;
+      else return namedax::psum(r, axes_of_mask<REnv, inner>());
+    }();
+    using S = decltype(summed);
+    xt::xarray<typename S::value_type> a = evaluate(summed.payload());
+    std::vector<std::size_t> shape(a.shape().begin(), a.shape().end() - (REnv::vectorized_count - Env::vectorized_count));
+    a.reshape(shape);
+    return make_named<shared_array<typename S::value_type>, Env, S::varying & outer>(share_array(std::move(a)));
+  }
+}
+
+/// A contribution with the primal's type N and positional `shape`: moved to N's environment,
+/// summed where it varies and N does not (or marked varying where N varies), summed over the
+/// positional dims it was broadcast along (NumPy's rules, from the right), converted to N's
+/// element type.
+template <class R, class N>
+N fit(const R& r, const std::vector<std::size_t>& shape) {
+  using T = typename N::value_type;
+  using Env = typename N::env_type;
+  auto matched = match_variance<N>(in_env<Env>(r));
+  xt::xarray<T> a = evaluate<T>(matched.payload());
+  const std::size_t rank = matched.dimension();
+  const std::size_t target = shape.size();
+  std::vector<std::size_t> full(shape);
+  full.insert(full.end(), a.shape().end() - static_cast<std::ptrdiff_t>(Env::vectorized_count), a.shape().end());
+  if (!std::equal(a.shape().begin(), a.shape().end(), full.begin(), full.end())) {
+    std::vector<std::size_t> summed;  // dims broadcast from the operand's 1 or absent
+    for (std::size_t k = 0; k < rank; ++k)
+      if (k + target < rank || (shape[k + target - rank] == 1 && a.shape()[k] != 1)) summed.push_back(k);
+    if (!summed.empty()) a = xt::sum(a, summed, xt::keep_dims | xt::evaluation_strategy::immediate);
+    std::vector<std::size_t> kept(a.shape().begin() + static_cast<std::ptrdiff_t>(rank > target ? rank - target : 0),
+                                  a.shape().end());
+    if (rank < target) kept.insert(kept.begin(), target - rank, 1);
+    a.reshape(kept);
+    if (!std::equal(kept.begin(), kept.end(), full.begin(), full.end()))
+      a = xt::broadcast(a, full);  // the contribution was a smaller value broadcast to the operand
+  }
+  return N(share_array(std::move(a)));
+}
+
+/// The traced result of an operation on `xs`: `y` (evaluated) recorded with a pullback;
+/// `pullback(ct, k)` gives the contribution of y's cotangent to operand k, and is asked
+/// only for the traced operands.
+template <class Y, class Pullback, class... Xs>
+auto record(const Y& y, Pullback pullback, const Xs&... xs) {
+  using N = owned_t<Y>;
+  std::vector<std::shared_ptr<node>> parents;
+  auto add_parent = [&](const auto& x) {
+    if constexpr (Traced<decltype(x)>) parents.push_back(x.cell());
+  };
+  (add_parent(xs), ...);
+  auto cells = std::tuple{[](const auto& x) {
+    if constexpr (Traced<decltype(x)>) return x.cell();
+    else return std::monostate{};
+  }(xs)...};
+  auto propagate = [pullback = std::move(pullback), cells](const N& ct) {
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (
+          [&] {
+            if constexpr (Traced<std::tuple_element_t<K, std::tuple<Xs...>>>)
+              std::get<K>(cells)->accumulate(pullback(ct, std::integral_constant<std::size_t, K>{}));
+          }(),
+          ...);
+    }(std::index_sequence_for<Xs...>{});
+  };
+  return traced<N>(std::make_shared<cell<N>>(namedax::eval(y), std::move(parents), std::move(propagate)));
+}
+
+/// A linear map applied to a traced value: its pullback is the map's transpose (namedax::vjp).
+template <class Op, class X>
+auto linear(const Op& op, const X& x) {
+  auto [y, pullback] = vjp_of(op, x.primal());
+  return record(y, [pullback](const auto& ct, auto) { return pullback(ct); }, x);
+}
+
+/// An operand as a pullback keeps it: a traced or named value shares its data; plain arrays
+/// and scalars are copied, as lazy expressions would hold them.
+template <class X>
+auto owned_operand(const X& x) {
+  if constexpr (Traced<X>) return x.primal();
+  else if constexpr (NamedOperand<X>) return x;
+  else if constexpr (std::is_arithmetic_v<X>) return x;
+  else return xt::xarray<typename X::value_type>(x);
+}
+
+/// An elementwise operation `f` of the operands, whose pullback to operand k is
+/// `derivative(ct, k, y, primals...)` (y the result).
+template <class F, class D, class... Xs>
+auto elementwise(F f, D derivative, const Xs&... xs) {
+  auto y = namedax::eval(f(primal_of(xs)...));
+  return record(
+      y,
+      [derivative, y, primals = std::tuple{[](const auto& x) { return owned_operand(x); }(xs)...}](const auto& ct, auto k) {
+        return std::apply([&](const auto&... a) { return derivative(ct, k, y, a...); }, primals);
+      },
+      xs...);
+}
+
+/// `ct` with positional shape `shape` (the same elements; its vectorized dims kept).
+template <class C>
+C with_positional_shape(const C& ct, const std::vector<std::size_t>& shape) {
+  using T = typename C::value_type;
+  xt::xarray<T> a = evaluate(ct.payload());
+  std::vector<std::size_t> full(shape);
+  full.insert(full.end(), a.shape().end() - static_cast<std::ptrdiff_t>(C::env_type::vectorized_count), a.shape().end());
+  a.reshape(full);
+  return C(share_array(std::move(a)));
+}
+
+/// The local reductions that are differentiated.
+enum class local_reduction { sum, mean, max, min, logsumexp };
+
+/// A local reduction of a traced value over `dims` (every positional dim when none).
+/// `keep(v, dims)` computes it on a named value with keepdims, so that its result broadcasts
+/// against v; the pullback broadcasts the cotangent back the same way.
+template <local_reduction Kind, class X, class Keep>
+auto reduce(const X& x, std::optional<std::vector<int>> dims, bool keepdims, Keep keep) {
+  const auto& a = x.primal();
+  auto kept = namedax::eval(keep(a, dims));
+  auto y = keepdims ? kept : [&] {
+    std::vector<std::size_t> shape;
+    std::vector<bool> reduced(a.dimension(), !dims);
+    if (dims)
+      for (int d : *dims) reduced[static_cast<std::size_t>(d < 0 ? d + static_cast<int>(a.dimension()) : d)] = true;
+    for (std::size_t k = 0; k < a.dimension(); ++k)
+      if (!reduced[k]) shape.push_back(kept.shape()[k]);
+    return with_positional_shape(kept, shape);
+  }();
+  return record(
+      y,
+      [a, kept, dims](const auto& ct, auto) {
+        using T = typename std::remove_cvref_t<decltype(ct)>::value_type;
+        auto c = with_positional_shape(ct, kept.shape());
+        auto count = [&](const auto& v) {
+          return dims ? namedax::sum(v, *dims, {.keepdims = true}) : namedax::sum(v, {.keepdims = true});
+        };
+        if constexpr (Kind == local_reduction::sum) {
+          return c;
+        } else if constexpr (Kind == local_reduction::mean) {
+          return namedax::eval(c * (static_cast<T>(kept.payload().size()) / static_cast<T>(a.payload().size())));
+        } else if constexpr (Kind == local_reduction::logsumexp) {
+          return namedax::eval(c * namedax::exp(a - kept));
+        } else {
+          // The maximum (minimum) takes the cotangent, shared equally among ties, as JAX.
+          auto chosen = namedax::eval(namedax::cast<T>(a == kept));
+          return namedax::eval(c * chosen / count(chosen));
+        }
+      },
+      x);
+}
+
+/// Every node that the outputs depend on, newest first.
+inline std::vector<node*> reverse_program(const std::vector<std::shared_ptr<node>>& outputs) {
+  std::vector<node*> nodes;
+  std::unordered_set<node*> seen;
+  std::vector<node*> pending;
+  for (const auto& o : outputs)
+    if (o && seen.insert(o.get()).second) pending.push_back(o.get());
+  while (!pending.empty()) {
+    node* n = pending.back();
+    pending.pop_back();
+    nodes.push_back(n);
+    for (const auto& p : n->parents)
+      if (seen.insert(p.get()).second) pending.push_back(p.get());
+  }
+  std::sort(nodes.begin(), nodes.end(), [](const node* a, const node* b) { return a->order > b->order; });
+  return nodes;
+}
+
+// ---------------------------------------------------------------------------------------
+// The program: tracing the arguments, running the pullbacks, reading the gradients.
+
+/// A leaf of an argument as the differentiated function receives it: traced where it is
+/// differentiated (a named value, array or scalar of floating type), as it is otherwise.
+/// Arrays and scalars become values of no environment.
+template <class L>
+auto trace_leaf(const L& x) {
+  if constexpr (NamedValue<L>) {
+    if constexpr (differentiable_element<typename L::value_type>) return input(x);
+    else return x;
+  } else if constexpr (std::is_arithmetic_v<L>) {
+    if constexpr (differentiable_element<L>) return input(make_named<shared_array<L>, env<>, 0>(share_array(xt::xarray<L>(x))));
+    else return x;
+  } else if constexpr (PlainValue<L>) {
+    using T = typename L::value_type;
+    if constexpr (differentiable_element<T>) return input(make_named<shared_array<T>, env<>, 0>(share_array(xt::xarray<T>(x))));
+    else return x;
+  } else {
+    return x;
+  }
+}
+
+/// A value of x's type holding zeros: the gradient of an argument the result does not depend
+/// on, and of one that is not differentiated (an integer or bool value, as JAX's float0).
+template <class L>
+auto zeros_like(const L& x) {
+  if constexpr (NamedValue<L>) {
+    using T = typename L::value_type;
+    xt::xarray<T> a = xt::zeros<T>(x.payload().shape());
+    return make_named<shared_array<T>, typename L::env_type, L::varying>(share_array(std::move(a)));
+  } else if constexpr (std::is_arithmetic_v<L>) {
+    return L{};
+  } else if constexpr (PlainValue<L>) {
+    return xt::xarray<typename L::value_type>(xt::zeros<typename L::value_type>(x.shape()));
+  } else {
+    return x;  // a value waiting for its environment (axis_index) is an index: no gradient
+  }
+}
+
+/// The gradient of one argument leaf `x`, which the function received as `t`, given as x is.
+template <class L, class T>
+auto gradient_leaf(const L& x, const T& t) {
+  if constexpr (!Traced<T>) {
+    return zeros_like(x);
+  } else {
+    const auto& ct = t.cell()->cotangent;
+    if constexpr (NamedValue<L>) {
+      return ct ? *ct : zeros_like(x);
+    } else if constexpr (std::is_arithmetic_v<L>) {
+      return ct ? static_cast<L>(*ct->payload().cbegin()) : L{};
+    } else {
+      return ct ? xt::xarray<typename L::value_type>(ct->payload()) : zeros_like(x);
+    }
+  }
+}
+
+/// The primal of every traced leaf of a result.
+template <class Y>
+auto primal_tree(const Y& y) {
+  return tree_map(y, [](const auto& leaf) {
+    if constexpr (Traced<decltype(leaf)>) return leaf.primal();
+    else return leaf;
+  });
+}
+
+/// Runs the pullbacks of a recorded program: `seed` has given the outputs their cotangents;
+/// `read` then reads the inputs'. Cotangents are dropped afterwards, also when a pullback
+/// throws, so that the pullback may run again.
+template <class Read>
+auto run_pullbacks(const std::vector<std::shared_ptr<node>>& outputs, Read read) {
+  const auto nodes = reverse_program(outputs);
+  struct forget_all {
+    const std::vector<node*>& nodes;
+    ~forget_all() {
+      for (node* n : nodes) n->forget();
+    }
+  } guard{nodes};
+  for (node* n : nodes) n->propagate();
+  return read();
+}
+
+/// The gradient tree of an argument tree `x`, received by the function as `t`.
+template <class X, class T>
+auto gradients_of(const X& x, const T& t) {
+  auto x_leaves = tree_leaves(x);
+  auto t_leaves = tree_leaves(t);
+  auto grads = [&]<std::size_t... K>(std::index_sequence<K...>) {
+    return std::tuple{gradient_leaf(std::get<K>(x_leaves), std::get<K>(t_leaves))...};
+  }(std::make_index_sequence<leaf_count<X>()>{});
+  return tree_unflatten<X>(grads);
+}
+
+template <class F, class... Xs>
+auto vjp_of_function(const F& f, const Xs&... xs) {
+  auto inputs = std::tuple{tree_map(xs, [](const auto& leaf) { return trace_leaf(leaf); })...};
+  auto out = std::apply(f, inputs);
+  using Out = decltype(out);
+  auto pullback = [inputs, out, originals = std::tuple{xs...}](const auto& ct) {
+    using C = std::remove_cvref_t<decltype(ct)>;
+    static_assert(leaf_count<C>() == leaf_count<Out>(),
+                  "namedax::vjp: the cotangent must have the structure of the function's result");
+    std::vector<std::shared_ptr<node>> outputs;
+    const auto out_leaves = tree_leaves(out);
+    const auto ct_leaves = tree_leaves(ct);
+    auto seed = [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (
+          [&] {
+            const auto& o = std::get<K>(out_leaves);
+            if constexpr (Traced<decltype(o)>) {
+              o.cell()->accumulate(std::get<K>(ct_leaves));
+              outputs.push_back(o.cell());
+            }
+          }(),
+          ...);
+    };
+    try {
+      seed(std::make_index_sequence<leaf_count<Out>()>{});
+    } catch (...) {
+      for (const auto& o : outputs) o->forget();
+      throw;
+    }
+    return run_pullbacks(outputs, [&] {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple{gradients_of(std::get<I>(originals), std::get<I>(inputs))...};
+      }(std::index_sequence_for<Xs...>{});
+    });
+  };
+  return std::pair{primal_tree(out), std::move(pullback)};
+}
+
+/// A cotangent of ones for a scalar result: the seed of grad.
+template <class Y>
+auto ones_for(std::string_view verb, const Y& y) {
+  if constexpr (NamedValue<Y>) {
+    using T = typename Y::value_type;
+    if (y.dimension() != 0)
+      fail("namedax::", verb, ": the function must return a scalar (positional shape []), as jax.grad; it returned "
+           "positional shape ", y.shape(), "; reduce it with namedax::sum or namedax::mean");
+    xt::xarray<T> a = xt::ones<T>(y.payload().shape());
+    return make_named<shared_array<T>, typename Y::env_type, Y::varying>(share_array(std::move(a)));
+  } else {
+    static_assert(std::is_arithmetic_v<Y>, "namedax::grad: the function must return one named value or scalar");
+    return Y{1};
+  }
+}
+
+/// grad and value_and_grad: differentiates `f` in its first argument, the others constant.
+template <class F, bool WithValue>
+struct gradient {
+  F f;
+
+  template <class X, class... Rest>
+  auto operator()(const X& x, const Rest&... rest) const {
+    constexpr std::string_view verb = WithValue ? "value_and_grad" : "grad";
+    auto [y, pullback] = vjp_of_function([&](const auto& t) { return f(t, rest...); }, x);
+    auto g = std::get<0>(pullback(ones_for(verb, y)));
+    if constexpr (WithValue) return std::pair{std::move(y), std::move(g)};
+    else return g;
+  }
+};
+
+}  // namespace namedax::detail::ad
+
+namespace namedax::detail {
+
+// ---------------------------------------------------------------------------------------
+// The collectives: the linear ones through their maps (namedax::linear), pmax and pmin to
+// the indices that hold the extreme, shared equally among ties (as JAX's max reductions).
+
+template <reduction K, bool Grouped, class Verb>
+struct derivative<rule::all_reduce<K, Grouped>, Verb> {
+  template <class X, std::size_t P, class... Names>
+  static auto apply(const X& x, const axis_list<P, Names...>& list, const std::optional<groups_t>& groups) {
+    reduce_options options{.axis_index_groups = groups ? *groups : groups_t{}};
+    if constexpr (P > 0) {
+      // Over positional dims first (locally), then over the names.
+      constexpr auto kind = K == reduction::sum    ? ad::local_reduction::sum
+                            : K == reduction::mean ? ad::local_reduction::mean
+                            : K == reduction::max  ? ad::local_reduction::max
+                                                   : ad::local_reduction::min;
+      std::vector<int> dims(list.positional.begin(), list.positional.end());
+      auto local = ad::reduce<kind>(x, dims, false, [](const auto& v, const auto& d) {
+        if constexpr (kind == ad::local_reduction::sum) return namedax::sum(v, *d, {.keepdims = true});
+        else if constexpr (kind == ad::local_reduction::mean) return namedax::mean(v, *d, {.keepdims = true});
+        else if constexpr (kind == ad::local_reduction::max) return namedax::max(v, *d, {.keepdims = true});
+        else return namedax::min(v, *d, {.keepdims = true});
+      });
+      if constexpr (sizeof...(Names) == 0) return local;
+      else if constexpr (Grouped) return Verb{}(local, axis_list<0, Names...>{}, options);
+      else return Verb{}(local, axis_list<0, Names...>{});
+    } else if constexpr (K == reduction::sum) {
+      return ad::linear(linear::psum_map<axis_list<P, Names...>, Grouped>{{}, list, options}, x);
+    } else if constexpr (K == reduction::mean) {
+      return ad::linear(linear::pmean_map<axis_list<P, Names...>, Grouped>{{}, list, options}, x);
+    } else {
+      auto reduce = [list, options]<class V>(Verb verb, const V& v) {
+        if constexpr (Grouped) return verb(v, list, options);
+        else return verb(v, list);
+      };
+      auto y = namedax::eval(reduce(Verb{}, x.primal()));
+      return ad::record(
+          y,
+          [reduce, y, a = x.primal()](const auto& ct, auto) {
+            using T = typename std::remove_cvref_t<decltype(ct)>::value_type;
+            auto chosen = namedax::eval(namedax::cast<T>(a == y));
+            return ct * chosen / reduce(psum_fn{}, chosen);
+          },
+          x);
+    }
+  }
+};
+
+template <bool Invariant, class Verb>
+struct derivative<rule::all_gather<Invariant>, Verb> {
+  template <class X, class A>
+  static auto apply(const X& x, const A& axes, const all_gather_options& options) {
+    return ad::linear(linear::all_gather_map<A, !Invariant>{{}, axes, options}, x);
+  }
+};
+
+template <class Verb>
+struct derivative<rule::psum_scatter, Verb> {
+  template <class X, class A>
+  static auto apply(const X& x, const A& axes, const psum_scatter_options& options) {
+    return ad::linear(linear::psum_scatter(axes, options), x);
+  }
+};
+
+template <class Verb>
+struct derivative<rule::all_to_all, Verb> {
+  template <class X, class A>
+  static auto apply(const X& x, const A& axes, int split_axis, int concat_axis, const std::vector<std::vector<int>>& groups, bool tiled) {
+    return ad::linear(linear::all_to_all(axes, split_axis, concat_axis, {.axis_index_groups = groups, .tiled = tiled}), x);
+  }
+};
+
+template <class Verb>
+struct derivative<rule::permute, Verb> {
+  template <class X, class... Names, class PairsOf>
+  static auto apply(const X& x, type_list<Names...>, const PairsOf& pairs_of) {
+    using N = typename X::primal_type;
+    const auto axes = describe_named_axes<N, Names...>(Verb::name);
+    permutation_t pairs = pairs_of(std::span<const named_axis>(axes));
+    return ad::linear(linear::ppermute(axis_list<0, Names...>{}, std::move(pairs)), x);
+  }
+};
+
+template <class Verb>
+struct derivative<rule::pvary, Verb> {
+  template <class X, class A>
+  static auto apply(const X& x, const A& axes) {
+    return ad::linear(linear::pvary(axes), x);
+  }
+};
+
+template <class Verb>
+struct derivative<rule::pbroadcast, Verb> {
+  template <class X, class A>
+  static auto apply(const X& x, const A& axes, int source) {
+    return ad::linear(linear::pbroadcast(axes, source), x);
+  }
+};
+
+}  // namespace namedax::detail

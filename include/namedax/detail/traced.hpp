@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: MIT
+// What the collectives need to know of reverse-mode differentiation: the traced value's
+// name and the hook through which each collective's pytree walk hands a traced leaf to its
+// derivative rule (detail/autodiff.hpp, which defines the rules).
+// IWYU pragma: private, include <namedax/autodiff.hpp>
+#pragma once
+
+#include <namedax/concepts.hpp>
+
+#include <type_traits>
+
+namespace namedax {
+
+template <class N>
+class traced;
+
+/// A named value recorded for reverse-mode differentiation (namedax::grad, namedax::vjp).
+template <class T>
+concept Traced = requires { typename std::remove_cvref_t<T>::traced_tag; };
+
+namespace detail {
+/// The derivative of collective `Verb` on a traced leaf: specialized, per pytree walk, in
+/// detail/autodiff.hpp. `Rule` names the walk (all_gather, all_to_all, ...); `Verb` keeps the
+/// name errors are reported under and makes the lookup wait for the instantiation.
+template <class Rule, class Verb>
+struct derivative;
+
+namespace rule {
+template <auto Kind, bool Grouped>
+struct all_reduce;
+template <bool Invariant>
+struct all_gather;
+struct psum_scatter;
+struct all_to_all;
+struct permute;
+struct pvary;
+struct pbroadcast;
+}  // namespace rule
+
+namespace ad {
+/// (f(xs...), its pullback), for any function of named values (namedax::vjp).
+template <class F, class... Xs>
+auto vjp_of_function(const F& f, const Xs&... xs);
+}  // namespace ad
+}  // namespace detail
+}  // namespace namedax
