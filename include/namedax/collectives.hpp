@@ -322,7 +322,8 @@ inline constexpr pmin_with_index_fn pmin_with_index{};
 struct pdot_fn {
   static constexpr std::string_view name = "pdot";
   template <class X, class Y, AxisArgument A>
-    requires((NamedOperand<X> || NamedOperand<Y>) && !std::is_arithmetic_v<X> && !std::is_arithmetic_v<Y>)
+    requires((NamedOperand<X> || NamedOperand<Y>) && !std::is_arithmetic_v<X> && !std::is_arithmetic_v<Y> &&
+             !Traced<X> && !Traced<Y>)
   auto operator()(const X& x, const Y& y, const A& axes, const detail::dimension_pairs& pos_contract = {},
                   const detail::dimension_pairs& pos_batch = {}) const {
     return detail::when_resolved(
@@ -330,6 +331,13 @@ struct pdot_fn {
           return psum(detail::local_pdot<pdot_fn>(a, b, axes, pos_contract, pos_batch), axes);
         },
         x, y);
+  }
+  /// Differentiated (namedax::grad): bilinear, each operand's pullback is pdot's transpose in it.
+  template <class X, class Y, AxisArgument A>
+    requires((Traced<X> || Traced<Y>) && !std::is_arithmetic_v<X> && !std::is_arithmetic_v<Y>)
+  auto operator()(const X& x, const Y& y, const A& axes, const detail::dimension_pairs& pos_contract = {},
+                  const detail::dimension_pairs& pos_batch = {}) const {
+    return detail::derivative<detail::rule::pdot, typename detail::dependent<X, pdot_fn>::type>::apply(x, y, axes, pos_contract, pos_batch);
   }
 };
 inline constexpr pdot_fn pdot{};

@@ -593,4 +593,20 @@ struct derivative<rule::pbroadcast, Verb> {
   }
 };
 
+template <class Verb>
+struct derivative<rule::pdot, Verb> {
+  template <class X, class Y, class A>
+  static auto apply(const X& x, const Y& y, const A& axes, const dimension_pairs& contract, const dimension_pairs& batch) {
+    auto a = ad::owned_operand(x);
+    auto b = ad::owned_operand(y);
+    return ad::record(
+        Verb{}(a, b, axes, contract, batch),
+        [a, b, axes, contract, batch](const auto& ct, auto k) {
+          if constexpr (decltype(k)::value == 0) return linear::pdot_lhs(b, axes, contract, batch).transpose_of(ct);
+          else return linear::pdot_rhs(a, axes, contract, batch).transpose_of(ct);
+        },
+        x, y);
+  }
+};
+
 }  // namespace namedax::detail

@@ -25,6 +25,13 @@ namespace detail {
 template <class Rule, class Verb>
 struct derivative;
 
+/// `V`, as a type that depends on `Dep`: a verb's own rule is then looked up when the verb is
+/// instantiated, after detail/autodiff.hpp has defined it.
+template <class Dep, class V>
+struct dependent {
+  using type = V;
+};
+
 namespace rule {
 template <auto Kind, bool Grouped>
 struct all_reduce;
@@ -35,6 +42,8 @@ struct all_to_all;
 struct permute;
 struct pvary;
 struct pbroadcast;
+struct pdot;
+struct structural;
 }  // namespace rule
 
 namespace ad {
