@@ -77,7 +77,7 @@ const X& eval(const X& x) {
 #define NAMEDAX_TRACED_BINARY(name, derivative_a, derivative_b)                                             \
   template <class L, class R>                                                                               \
     requires TracedOperands<L, R>                                                                           \
-  auto name(const L& l, const R& r) {                                                                       \
+  auto name(L&& l, R&& r) { /* forwarding, as xtensor's operators: see detail/elementwise.hpp */         \
     return ::namedax::detail::ad::elementwise(                                                              \
         [](const auto& a, const auto& b) { return ::namedax::name(a, b); },                                 \
         []<class C>(const C& ct, auto k, [[maybe_unused]] const auto& y, [[maybe_unused]] const auto& a,     \
@@ -92,7 +92,7 @@ const X& eval(const X& x) {
 #define NAMEDAX_TRACED_COMPARISON(name)                                                                     \
   template <class L, class R>                                                                               \
     requires TracedOperands<L, R>                                                                           \
-  auto name(const L& l, const R& r) {                                                                       \
+  auto name(L&& l, R&& r) {                                                                                 \
     return ::namedax::name(::namedax::detail::ad::primal_of(l), ::namedax::detail::ad::primal_of(r));       \
   }
 
@@ -230,11 +230,18 @@ auto log_softmax(const X& x, D dim = -1) {
       x);
 }
 
+/// `expand_dims(x, axis)`: its pullback drops the dim again (structural ops, namedax/structure.hpp,
+/// add the cotangent back where each element came from).
+template <Traced X, Dim D>
+auto expand_dims(const X& x, D axis) {
+  return detail::derivative<detail::rule::structural, void>::apply(x, [axis](const auto& v) { return namedax::expand_dims(v, axis); });
+}
+
 /// `where(condition, a, b)`: the cotangent goes to the operand chosen; the condition is not
 /// differentiated.
 template <class Cnd, class A, class B>
   requires(Operand<Cnd> && TracedOperands<A, B>)
-auto where(const Cnd& condition, const A& a, const B& b) {
+auto where(Cnd&& condition, A&& a, B&& b) {
   return detail::ad::elementwise(
       [condition](const auto& u, const auto& v) { return namedax::where(condition, u, v); },
       [condition]<class C>(const C& ct, auto k, const auto&, const auto&, const auto&) {

@@ -6,8 +6,19 @@
 #pragma once
 
 #include <namedax/detail/structure.hpp>
+#include <namedax/detail/traced.hpp>
 
 namespace namedax {
+
+namespace detail {
+/// A structural operation `op` (a function of one named value) on a traced value: each
+/// element of the result is an element of x, so the pullback adds the cotangent back where
+/// each came from (detail/autodiff.hpp). `Verb` makes the lookup wait for instantiation.
+template <class Verb, class X, class Op>
+auto traced_structural(const X& x, const Op& op) {
+  return derivative<rule::structural, typename dependent<X, Verb>::type>::apply(x, op);
+}
+}  // namespace detail
 
 /// A std::tuple or std::array of values, at least one of them named (or from axis_index).
 template <class T>
@@ -27,6 +38,10 @@ struct view_fn {
                   "namedax::view: xt::keep and xt::drop do not combine with xt::ellipsis(); spell the dims out with xt::all()");
     return detail::view(x, slices...);
   }
+  template <Traced X, class... S>
+  auto operator()(const X& x, const S&... slices) const {
+    return detail::traced_structural<view_fn>(x, [slices...](const auto& v) { return view_fn{}(v, slices...); });
+  }
 };
 inline constexpr view_fn view{};
 
@@ -40,6 +55,11 @@ struct dynamic_slice_fn {
   auto operator()(const X& x, const Starts& starts, const std::array<std::size_t, R>& sizes) const {
     static_assert(std::tuple_size_v<Starts> == R, "namedax::dynamic_slice: give as many sizes as starts");
     return detail::dynamic_slice(x, starts, sizes);
+  }
+  template <Traced X, class Starts, std::size_t R>
+    requires detail::is_tuple_like<Starts>
+  auto operator()(const X& x, const Starts& starts, const std::array<std::size_t, R>& sizes) const {
+    return detail::traced_structural<dynamic_slice_fn>(x, [starts, sizes](const auto& v) { return dynamic_slice_fn{}(v, starts, sizes); });
   }
 };
 inline constexpr dynamic_slice_fn dynamic_slice{};
@@ -90,6 +110,10 @@ struct reshape_fn {
   auto operator()(const X& x, const int_list& shape) const {
     return detail::when_resolved(detail::reshape_op{shape.values}, x);
   }
+  template <Traced X>
+  auto operator()(const X& x, const int_list& shape) const {
+    return detail::traced_structural<reshape_fn>(x, detail::reshape_op{shape.values});
+  }
 };
 inline constexpr reshape_fn reshape{};
 
@@ -98,6 +122,10 @@ struct permute_dims_fn {
   template <NamedOperand X>
   auto operator()(const X& x, const int_list& axes) const {
     return detail::when_resolved(detail::permute_dims_op{axes.values}, x);
+  }
+  template <Traced X>
+  auto operator()(const X& x, const int_list& axes) const {
+    return detail::traced_structural<permute_dims_fn>(x, detail::permute_dims_op{axes.values});
   }
 };
 inline constexpr permute_dims_fn permute_dims{};
@@ -108,6 +136,10 @@ struct moveaxis_fn {
   auto operator()(const X& x, int source, int destination) const {
     return detail::when_resolved(detail::moveaxis_op{source, destination}, x);
   }
+  template <Traced X>
+  auto operator()(const X& x, int source, int destination) const {
+    return detail::traced_structural<moveaxis_fn>(x, detail::moveaxis_op{source, destination});
+  }
 };
 inline constexpr moveaxis_fn moveaxis{};
 
@@ -116,6 +148,10 @@ struct swapaxes_fn {
   template <NamedOperand X>
   auto operator()(const X& x, int a, int b) const {
     return detail::when_resolved(detail::swapaxes_op{a, b}, x);
+  }
+  template <Traced X>
+  auto operator()(const X& x, int a, int b) const {
+    return detail::traced_structural<swapaxes_fn>(x, detail::swapaxes_op{a, b});
   }
 };
 inline constexpr swapaxes_fn swapaxes{};
@@ -131,6 +167,14 @@ struct squeeze_fn {
   auto operator()(const X& x, const int_list& dims) const {
     return detail::when_resolved(detail::squeeze_op{dims.values}, x);
   }
+  template <Traced X>
+  auto operator()(const X& x) const {
+    return detail::traced_structural<squeeze_fn>(x, detail::squeeze_op{std::nullopt});
+  }
+  template <Traced X>
+  auto operator()(const X& x, const int_list& dims) const {
+    return detail::traced_structural<squeeze_fn>(x, detail::squeeze_op{dims.values});
+  }
 };
 inline constexpr squeeze_fn squeeze{};
 
@@ -140,6 +184,10 @@ struct broadcast_to_fn {
   template <NamedOperand X>
   auto operator()(const X& x, const int_list& shape) const {
     return detail::when_resolved(detail::broadcast_to_op{shape.values}, x);
+  }
+  template <Traced X>
+  auto operator()(const X& x, const int_list& shape) const {
+    return detail::traced_structural<broadcast_to_fn>(x, detail::broadcast_to_op{shape.values});
   }
 };
 inline constexpr broadcast_to_fn broadcast_to{};
@@ -156,6 +204,14 @@ struct flip_fn {
     detail::check_static_dim<X>(dim);
     return detail::when_resolved(detail::flip_op{static_cast<int>(dim)}, x);
   }
+  template <Traced X>
+  auto operator()(const X& x) const {
+    return detail::traced_structural<flip_fn>(x, detail::flip_op{std::nullopt});
+  }
+  template <Traced X, Dim D>
+  auto operator()(const X& x, D dim) const {
+    return detail::traced_structural<flip_fn>(x, detail::flip_op{static_cast<int>(dim)});
+  }
 };
 inline constexpr flip_fn flip{};
 
@@ -165,6 +221,10 @@ struct roll_fn {
   auto operator()(const X& x, std::ptrdiff_t shift, D dim) const {
     detail::check_static_dim<X>(dim);
     return detail::when_resolved(detail::roll_op{shift, static_cast<int>(dim)}, x);
+  }
+  template <Traced X, Dim D>
+  auto operator()(const X& x, std::ptrdiff_t shift, D dim) const {
+    return detail::traced_structural<roll_fn>(x, detail::roll_op{shift, static_cast<int>(dim)});
   }
 };
 inline constexpr roll_fn roll{};
@@ -191,6 +251,11 @@ struct take_fn {
     detail::check_static_dim<X>(dim);
     return detail::when_resolved(detail::take_op<false>{static_cast<int>(dim)}, x, indices);
   }
+  template <Traced X, Operand I, Dim D>
+  auto operator()(const X& x, const I& indices, D dim) const {
+    return detail::traced_structural<take_fn>(
+        x, [indices, dim](const auto& v) { return detail::when_resolved(detail::take_op<false>{static_cast<int>(dim)}, v, indices); });
+  }
 };
 inline constexpr take_fn take{};
 
@@ -202,6 +267,11 @@ struct take_along_axis_fn {
   auto operator()(const X& x, const I& indices, D dim = -1) const {
     detail::check_static_dim<X>(dim);
     return detail::when_resolved(detail::take_op<true>{static_cast<int>(dim)}, x, indices);
+  }
+  template <Traced X, Operand I, Dim D = int>
+  auto operator()(const X& x, const I& indices, D dim = -1) const {
+    return detail::traced_structural<take_along_axis_fn>(
+        x, [indices, dim](const auto& v) { return detail::when_resolved(detail::take_op<true>{static_cast<int>(dim)}, v, indices); });
   }
 };
 inline constexpr take_along_axis_fn take_along_axis{};

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <numbers>
 #include <optional>
 #include <tuple>
@@ -309,6 +310,34 @@ auto reduce(const X& x, std::optional<std::vector<int>> dims, bool keepdims, Kee
         }
       },
       x);
+}
+
+/// A value of positional shape `operand` (and ct's vectorized dims) holding, at each
+/// position, the sum of the elements of `ct` whose `source` is that position (a position
+/// outside the operand, as a pad's, adds nothing): the transpose of a gather.
+template <class C, class S>
+C add_at(const C& ct, const S& source, const std::vector<std::size_t>& operand) {
+  using T = typename C::value_type;
+  constexpr std::size_t vectorized = C::env_type::vectorized_count;
+  xt::xarray<T> c = evaluate(ct.payload());
+  xt::xarray<std::int64_t> s = evaluate(source.payload());
+  // Both to their common shape: a source that differs along a vmap axis (a slice at starts
+  // from axis_index) or a cotangent that does not.
+  std::vector<std::size_t> common(c.shape().begin(), c.shape().end());
+  for (std::size_t k = 0; k < common.size(); ++k) common[k] = std::max(common[k], s.shape()[k]);
+  if (!std::equal(common.begin(), common.end(), c.shape().begin())) c = xt::broadcast(c, common);
+  if (!std::equal(common.begin(), common.end(), s.shape().begin())) s = xt::broadcast(s, common);
+  const std::size_t lanes = std::accumulate(common.end() - static_cast<std::ptrdiff_t>(vectorized), common.end(),
+                                            std::size_t{1}, std::multiplies<>());
+  std::vector<std::size_t> out_shape(operand);
+  out_shape.insert(out_shape.end(), common.end() - static_cast<std::ptrdiff_t>(vectorized), common.end());
+  xt::xarray<T> out = xt::zeros<T>(out_shape);
+  const auto size = static_cast<std::int64_t>(out.size() / lanes);
+  for (std::size_t f = 0; f < c.size(); ++f) {
+    const std::int64_t p = s.data()[f];
+    if (p >= 0 && p < size) out.data()[static_cast<std::size_t>(p) * lanes + f % lanes] += c.data()[f];
+  }
+  return C(share_array(std::move(out)));
 }
 
 /// Every node that the outputs depend on, newest first.
@@ -606,6 +635,27 @@ struct derivative<rule::pdot, Verb> {
           else return linear::pdot_rhs(a, axes, contract, batch).transpose_of(ct);
         },
         x, y);
+  }
+};
+
+template <class Verb>
+struct derivative<rule::structural, Verb> {
+  /// y = op(x) picks, for each of its elements, one element of x (or none: a pad). The same op
+  /// on x's positions (0, 1, ... over its positional dims, an int64 value) says which; the
+  /// pullback adds each element of the cotangent at the position it came from.
+  template <class X, class Op>
+  static auto apply(const X& x, const Op& op) {
+    const auto& a = x.primal();
+    using Env = typename X::env_type;
+    std::vector<std::size_t> shape = a.shape();
+    const std::size_t count = std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>());
+    shape.resize(shape.size() + Env::vectorized_count, 1);
+    xt::xarray<std::int64_t> positions = xt::arange<std::int64_t>(static_cast<std::int64_t>(count));
+    positions.reshape(shape);
+    auto source = namedax::eval(op(make_named<shared_array<std::int64_t>, Env, 0>(share_array(std::move(positions)))));
+    return ad::record(op(a), [source, operand = a.shape()](const auto& ct, auto) {
+      return ad::add_at(ct, source, operand);
+    }, x);
   }
 };
 
