@@ -48,7 +48,7 @@ have_mpi=1
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DNAMEDAX_BUILD_TESTS=OFF -DNAMEDAX_BUILD_EXAMPLES=OFF \
   -DNAMEDAX_BUILD_BENCHMARKS=ON >/dev/null
-targets=(device_collectives vectorized_collectives local_ops contractions collective_matmul_ring)
+targets=(device_collectives vectorized_collectives local_ops contractions collective_matmul_ring grad_step)
 build_targets=$(cmake --build "$build" --target help)  # mpi_baseline exists only where CMake found MPI
 if [ "$have_mpi" -eq 1 ] && [[ "$build_targets" == *mpi_baseline* ]]; then
   targets+=(mpi_baseline mpi_overhead)
@@ -115,6 +115,9 @@ start=$(date +%s)
   # A collective matmul on 4 devices: all_gather then matmul, a blocking ring, an async::ppermute ring.
   if [ "$quick" -eq 1 ]; then "$build/benchmarks/collective_matmul_ring" --rows 128 --rounds 5
   else "$build/benchmarks/collective_matmul_ring" --rows 128,512 --rounds 7; fi
+  echo
+  # A training step's backward pass by namedax::grad against the hand-written one (target: <= 1.5).
+  "$build/benchmarks/grad_step"
   python3 benchmarks/report.py "$results"
   if [ "$have_mpi" -eq 1 ]; then
     overhead_sizes="1024,65536,1048576,16777216"

@@ -446,17 +446,18 @@ auto gradients_of(const X& x, const T& t) {
   auto x_leaves = tree_leaves(x);
   auto t_leaves = tree_leaves(t);
   auto grads = [&]<std::size_t... K>(std::index_sequence<K...>) {
-    return std::tuple{gradient_leaf(std::get<K>(x_leaves), std::get<K>(t_leaves))...};
+    return std::make_tuple(gradient_leaf(std::get<K>(x_leaves), std::get<K>(t_leaves))...);
   }(std::make_index_sequence<leaf_count<X>()>{});
   return tree_unflatten<X>(grads);
 }
 
 template <class F, class... Xs>
 auto vjp_of_function(const F& f, const Xs&... xs) {
-  auto inputs = std::tuple{tree_map(xs, [](const auto& leaf) { return trace_leaf(leaf); })...};
+  // make_tuple, not std::tuple{...}: one argument that is itself a tuple must stay one argument.
+  auto inputs = std::make_tuple(tree_map(xs, [](const auto& leaf) { return trace_leaf(leaf); })...);
   auto out = std::apply(f, inputs);
   using Out = decltype(out);
-  auto pullback = [inputs, out, originals = std::tuple{xs...}](const auto& ct) {
+  auto pullback = [inputs, out, originals = std::make_tuple(xs...)](const auto& ct) {
     using C = std::remove_cvref_t<decltype(ct)>;
     static_assert(leaf_count<C>() == leaf_count<Out>(),
                   "namedax::vjp: the cotangent must have the structure of the function's result");
@@ -482,7 +483,7 @@ auto vjp_of_function(const F& f, const Xs&... xs) {
     }
     return run_pullbacks(outputs, [&] {
       return [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return std::tuple{gradients_of(std::get<I>(originals), std::get<I>(inputs))...};
+        return std::make_tuple(gradients_of(std::get<I>(originals), std::get<I>(inputs))...);
       }(std::index_sequence_for<Xs...>{});
     });
   };
