@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 // A two-layer tensor-parallel MLP on 4 simulated devices: W1 split by columns, tanh, W2 split
-// by rows, a psum of the partial outputs. Its backward pass is written by hand with the
-// transposes of the collectives, and checked against finite differences and against the
-// gradient of the same network computed on one device.
+// by rows, a psum of the partial outputs. Its gradient is computed by namedax::grad, checked
+// against the backward pass written by hand with the transposes of the collectives, against
+// finite differences and against the gradient of the same network computed on one device.
 #include <namedax/namedax.hpp>
 
 #include <xtensor/xrandom.hpp>
@@ -86,6 +86,8 @@ xt::xarray<float> finite_differences(xt::xarray<float> param, Loss loss) {
 double max_error(const xt::xarray<float>& a, const xt::xarray<float>& b) {
   return static_cast<double>(xt::amax(xt::abs(a - b))());
 }
+
+double max_abs(const xt::xarray<float>& a) { return static_cast<double>(xt::amax(xt::abs(a))()); }
 }  // namespace
 
 int main() {
@@ -102,18 +104,26 @@ int main() {
   xt::xarray<float> W2_shards = W2;
   W2_shards.reshape({devices, shard, outputs});  // mapped along dim 0
 
-  // Written once, for one device. X and T are the same on every device; w1 and w2 are shards.
-  auto step = [](auto X, auto w1, auto w2, auto T) {
-    // Forward. h varies along "model" (its own columns); out does not (a psum).
-    auto column_parallel = linear::pdot_rhs(X, namedax::axes(), {{1}, {0}});  // w1 -> X w1
-    auto h = column_parallel(w1);
-    auto a = namedax::eval(namedax::tanh(h));
+  // The loss, written once for one device: X and T are the same on every device; w1 and w2
+  // are shards. h varies along "model" (its own columns); out does not (a psum).
+  auto loss_fn = [](const auto& params, const auto& T) {
+    const auto& [X, w1, w2] = params;
+    auto a = namedax::tanh(namedax::pdot(X, w1, namedax::axes(), {{1}, {0}}));
     auto out = namedax::pdot(a, w2, "model"_ax, {{1}, {0}});  // psum over "model" of a w2
-    auto residual = namedax::eval(out - T);
-    auto loss = namedax::psum(residual * residual, namedax::axes(0, 1)) / 2.f;
+    auto residual = out - T;
+    return namedax::psum(residual * residual, namedax::axes(0, 1)) / 2.f;
+  };
+  auto step = [&](auto X, auto w1, auto w2, auto T) {
+    // The gradient in X, w1 and w2, each with its argument's type: dX is summed over "model"
+    // (X does not vary along it, h does), dw1 and dw2 are shards.
+    auto [value, gradient] = namedax::value_and_grad(loss_fn)(std::tuple{X, w1, w2}, T);
 
-    // Backward, with the transposes. residual is the cotangent of out: the same on every
-    // device, so psum's transpose is pvary, a change of type that moves no data.
+    // The same gradient by hand, with the transposes, as a check. residual is the cotangent
+    // of out: the same on every device, so psum's transpose is pvary, a change of type that
+    // moves no data.
+    auto column_parallel = linear::pdot_rhs(X, namedax::axes(), {{1}, {0}});  // w1 -> X w1
+    auto a = namedax::eval(namedax::tanh(column_parallel(w1)));
+    auto residual = namedax::eval(namedax::pdot(a, w2, "model"_ax, {{1}, {0}}) - T);
     auto da = namedax::transpose(linear::pdot_lhs(w2, "model"_ax, {{1}, {0}}), residual);
     auto dw2 = namedax::transpose(linear::pdot_rhs(a, "model"_ax, {{1}, {0}}), residual);
     auto dh = namedax::eval(da * (1.f - a * a));
@@ -124,12 +134,19 @@ int main() {
     auto dX = pullback_x(dh);
     static_assert(decltype(dX)::varying == decltype(X)::varying, "dX is the same on every device, as X is");
     static_assert(decltype(dw1)::varying == decltype(w1)::varying && decltype(dw2)::varying == decltype(w2)::varying);
-    return std::tuple{loss, dX, dw1, dw2};
+    return std::tuple{value, gradient, std::tuple{namedax::eval(dX), dw1, dw2}};
   };
   auto in_axes = std::tuple{namedax::none, 1, 0, namedax::none};
-  auto [loss_p, dX_p, dW1_p, dW2_p] = namedax::pmap<"model">(step, in_axes)(X, W1_shards, W2_shards, T);
-  auto [loss_v, dX_v, dW1_v, dW2_v] = namedax::vmap<"model">(step, in_axes)(X, W1_shards, W2_shards, T);
-  const bool modes_agree = loss_p == loss_v && dX_p == dX_v && dW1_p == dW1_v && dW2_p == dW2_v;
+  auto [loss_p, grad_p, hand_p] = namedax::pmap<"model">(step, in_axes)(X, W1_shards, W2_shards, T);
+  auto [loss_v, grad_v, hand_v] = namedax::vmap<"model">(step, in_axes)(X, W1_shards, W2_shards, T);
+  const bool modes_agree = loss_p == loss_v && grad_p == grad_v && hand_p == hand_v;
+  const auto& [dX_p, dW1_p, dW2_p] = grad_p;
+
+  // grad against the hand-written backward pass, relative to the largest gradient element.
+  const auto& [dX_hand, dW1_hand, dW2_hand] = hand_p;
+  const double largest = std::max({max_abs(dX_hand), max_abs(dW1_hand), max_abs(dW2_hand)});
+  const double hand_error =
+      std::max({max_error(dX_p, dX_hand), max_error(dW1_p, dW1_hand), max_error(dW2_p, dW2_hand)}) / largest;
 
   // Back to the unsharded layouts: outputs are stacked along the device axis at dim 0.
   xt::xarray<float> dX = xt::view(dX_p, 0);
@@ -153,8 +170,10 @@ int main() {
   std::printf("max gradient error against finite differences: dX %.3g, dW1 %.3g, dW2 %.3g (max %.3g)\n",
               max_error(dX, fd_X), max_error(dW1, fd_W1), max_error(dW2, fd_W2), fd_error);
   std::printf("max gradient error against the unsharded float32 gradient: %.3g\n", unsharded_error);
+  std::printf("max difference between grad and the hand-written backward pass: %.3g (relative)%s\n", hand_error,
+              hand_error < 1e-5 ? "" : "  -- GRADIENT MISMATCH");
   std::printf("vmap and pmap %s bit for bit\n", modes_agree ? "agree" : "DISAGREE");
-  const bool pass = fd_error < 1e-3 && unsharded_error < 1e-5 && loss_error < 1e-4 && modes_agree;
-  if (pass) std::printf("tp_mlp: PASS, the hand-written backward pass through the collectives' transposes is correct\n");
+  const bool pass = fd_error < 1e-3 && unsharded_error < 1e-5 && loss_error < 1e-4 && hand_error < 1e-5 && modes_agree;
+  if (pass) std::printf("tp_mlp: PASS, grad and the hand-written backward pass through the collectives' transposes are correct\n");
   return pass ? 0 : 1;
 }
