@@ -564,8 +564,14 @@ struct derivative<rule::all_reduce<K, Grouped>, Verb> {
           y,
           [reduce, y, a = x.primal()](const auto& ct, auto) {
             using T = typename std::remove_cvref_t<decltype(ct)>::value_type;
+            using Env = typename X::env_type;
             auto chosen = namedax::eval(namedax::cast<T>(a == y));
-            return ct * chosen / reduce(psum_fn{}, chosen);
+            // Ties are counted along the names the operand varies along: along the others it
+            // is one value, which the extreme is (pmax of a replicated value is the value).
+            constexpr axis_mask varies = Env::template mask_of<Names...>() & X::varying;
+            if constexpr (varies == 0) return namedax::eval(ct * chosen);
+            else if constexpr (Grouped) return namedax::eval(ct * chosen / reduce(psum_fn{}, chosen));
+            else return namedax::eval(ct * chosen / namedax::psum(chosen, axes_of_mask<Env, varies>()));
           },
           x);
     }
