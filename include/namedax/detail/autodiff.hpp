@@ -190,7 +190,10 @@ N fit(const R& r, const std::vector<std::size_t>& shape) {
     std::vector<std::size_t> summed;  // dims broadcast from the operand's 1 or absent
     for (std::size_t k = 0; k < rank; ++k)
       if (k + target < rank || (shape[k + target - rank] == 1 && a.shape()[k] != 1)) summed.push_back(k);
-    if (!summed.empty()) a = xt::sum(a, summed, xt::keep_dims | xt::evaluation_strategy::immediate);
+    if (!summed.empty()) {
+      xt::xarray<T> s = xt::sum(a, summed, xt::keep_dims);  // lazy: the immediate strategy crashes on xtensor 0.24
+      a = std::move(s);
+    }
     std::vector<std::size_t> kept(a.shape().begin() + static_cast<std::ptrdiff_t>(rank > target ? rank - target : 0),
                                   a.shape().end());
     if (rank < target) kept.insert(kept.begin(), target - rank, 1);
