@@ -141,7 +141,8 @@ template <class X>
 struct env_of {
   using type = env<>;
 };
-template <NamedValue X>
+template <class X>
+  requires requires { typename std::remove_cvref_t<X>::env_type; }  // a named value, or one traced (namedax::grad)
 struct env_of<X> {
   using type = typename std::remove_cvref_t<X>::env_type;
 };

@@ -6,6 +6,9 @@
 #include <namedax/collectives.hpp>
 #include <namedax/detail/einsum.hpp>
 #include <namedax/detail/einsum_spec.hpp>
+#include <namedax/detail/traced.hpp>
+
+#include <span>
 
 namespace namedax {
 namespace detail {
@@ -55,6 +58,23 @@ struct as_axes<type_list<Ns...>> {
 template <std::size_t Operand, std::size_t Rank, std::size_t Subscripts>
 inline constexpr bool operand_rank_matches_spec = Rank == dynamic_extent || Rank == Subscripts;
 
+/// The product of named values (or plain ones) over positional subscripts (one string per
+/// operand, letters only), with output subscripts `output`: einsum on each index.
+template <class... Ys>
+auto local_einsum(std::string_view verb, std::span<const std::string_view> subscripts, std::string_view output,
+                  const Ys&... ys) {
+  using Env = typename merged_env<env<>, Ys...>::type;
+  using R = std::common_type_t<value_type_of_t<Ys>...>;
+  auto payloads = std::tuple{payload_in<Env>(ys)...};
+  std::array<xt::xarray<R>, sizeof...(Ys)> storage;
+  auto blocks = [&]<std::size_t... K>(std::index_sequence<K...>) {
+    return std::array<strided_block<R>, sizeof...(Ys)>{block_in_memory<R>(std::get<K>(payloads), storage[K])...};
+  }(std::index_sequence_for<Ys...>{});
+  auto product = einsum_product<R>(verb, blocks, subscripts, output, Env::vectorized_count, Env::device_mask != 0);
+  constexpr axis_mask varying = (mask_of<Ys>() | ... | 0);
+  return make_named<shared_array<R>, Env, varying>(share_array<R>(std::move(product)));
+}
+
 /// psum over the names of `List`, or the value itself when there are none.
 template <class List, class X>
 auto psum_over(const X& x) {
@@ -75,7 +95,7 @@ struct xeinsum_fn {
   using spec = detail::einsum_spec<Spec>;
 
   template <class... Xs>
-    requires(Operand<Xs> && ...)
+    requires((Operand<Xs> || Traced<Xs>) && ...)
   auto operator()(const Xs&... xs) const {
     // A malformed spec is reported by its own diagnostic alone: nothing else is checked or run.
     if constexpr (detail::einsum_parsed<Spec>.error != detail::einsum_error::none) {
@@ -112,17 +132,16 @@ struct xeinsum_fn {
     using once = typename detail::union_of<only_in<K, sizeof...(Xs)>...>::type;
     using contracted = detail::list_minus_t<detail::list_minus_t<all_names, output_names>, once>;
 
-    using R = std::common_type_t<detail::value_type_of_t<decltype(std::get<K>(reduced))>...>;
-    auto payloads = std::tuple{detail::payload_in<Env>(std::get<K>(reduced))...};
-    std::array<xt::xarray<R>, sizeof...(Xs)> storage;
-    std::array<detail::strided_block<R>, sizeof...(Xs)> blocks{
-        detail::block_in_memory<R>(std::get<K>(payloads), storage[K])...};
-    std::array<std::string_view, sizeof...(Xs)> subscripts{spec::template subscripts<K>...};
-    auto product = detail::einsum_product<R>(name, blocks, subscripts, spec::output_subscripts, Env::vectorized_count,
-                                             Env::device_mask != 0);
-    constexpr axis_mask varying = (detail::mask_of<decltype(std::get<K>(reduced))>() | ... | 0);
-    auto z = detail::make_named<detail::shared_array<R>, Env, varying>(detail::share_array<R>(std::move(product)));
-    return detail::psum_over<contracted>(z);
+    const std::array<std::string_view, sizeof...(Xs)> subscripts{spec::template subscripts<K>...};
+    if constexpr ((Traced<Xs> || ...)) {
+      // Differentiated: the local product records its own pullback; the psums record theirs.
+      using rule = detail::derivative<detail::rule::einsum, typename detail::dependent<decltype(reduced), xeinsum_fn>::type>;
+      return detail::psum_over<contracted>(rule::apply(subscripts, spec::output_subscripts, std::get<K>(reduced)...));
+    } else {
+      return detail::psum_over<contracted>(
+          detail::local_einsum(name, std::span<const std::string_view>(subscripts), spec::output_subscripts,
+                               std::get<K>(reduced)...));
+    }
   }
 
   /// The names operand K has that no other operand, nor the output, has.

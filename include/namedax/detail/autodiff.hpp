@@ -12,6 +12,7 @@
 #include <namedax/reductions.hpp>
 #include <namedax/structure.hpp>
 #include <namedax/transpose.hpp>
+#include <namedax/xeinsum.hpp>
 
 #include <xtensor/xbroadcast.hpp>
 #include <xtensor/xreducer.hpp>
@@ -666,6 +667,57 @@ struct derivative<rule::structural, Verb> {
     return ad::record(op(a), [source, operand = a.shape()](const auto& ct, auto) {
       return ad::add_at(ct, source, operand);
     }, x);
+  }
+};
+
+template <class Verb>
+struct derivative<rule::einsum, Verb> {
+  /// The local product of xeinsum (positional subscripts only; the names are psums around it).
+  /// It is linear in each operand: operand k's pullback is the product of the cotangent and
+  /// the other operands, out to k's subscripts; a subscript of k that no other operand and
+  /// not the output has was summed in k alone, so the cotangent is broadcast along it (a ones
+  /// operand of that extent).
+  template <std::size_t N, class... Xs>
+  static auto apply(const std::array<std::string_view, N>& subscripts, std::string_view output, const Xs&... xs) {
+    auto operands = std::make_tuple(ad::owned_operand(xs)...);
+    std::array<std::string, N> subs;
+    for (std::size_t k = 0; k < N; ++k) {
+      subs[k] = subscripts[k];
+      for (std::size_t d = 0; d < subs[k].size(); ++d)
+        if (subs[k].find(subs[k][d], d + 1) != std::string::npos)
+          fail("namedax::grad: xeinsum with a subscript repeated in one operand ('", subs[k],
+               "') has no derivative rule; take the diagonal first");
+    }
+    auto y = std::apply(
+        [&](const auto&... a) { return local_einsum(Verb::name, std::span<const std::string_view>(subscripts), output, a...); },
+        operands);
+    return ad::record(
+        y,
+        [operands, subs, out = std::string(output)](const auto& ct, auto k) {
+          constexpr std::size_t K = decltype(k)::value;
+          using T = typename std::remove_cvref_t<decltype(ct)>::value_type;
+          const auto& operand = std::get<K>(operands);
+          std::vector<std::size_t> shape = [&] {
+            if constexpr (NamedValue<std::remove_cvref_t<decltype(operand)>>) return operand.shape();
+            else return std::vector<std::size_t>(operand.shape().begin(), operand.shape().end());
+          }();
+          std::string others = out;
+          for (std::size_t j = 0; j < N; ++j)
+            if (j != K) others += subs[j];
+          std::string alone;
+          std::vector<std::size_t> alone_shape;
+          for (std::size_t d = 0; d < subs[K].size(); ++d)
+            if (others.find(subs[K][d]) == std::string::npos) alone += subs[K][d], alone_shape.push_back(shape[d]);
+          xt::xarray<T> ones = xt::ones<T>(alone_shape);
+          std::vector<std::string_view> specs{out};
+          for (std::size_t j = 0; j < N; ++j)
+            if (j != K) specs.emplace_back(subs[j]);
+          specs.emplace_back(alone);
+          return [&]<std::size_t... J>(std::index_sequence<J...>) {
+            return local_einsum("transpose of xeinsum", specs, subs[K], ct, std::get<J < K ? J : J + 1>(operands)..., ones);
+          }(std::make_index_sequence<N - 1>{});
+        },
+        xs...);
   }
 };
 

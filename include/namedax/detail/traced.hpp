@@ -43,6 +43,7 @@ struct permute;
 struct pvary;
 struct pbroadcast;
 struct pdot;
+struct einsum;
 struct structural;
 }  // namespace rule
 
