@@ -234,7 +234,7 @@ auto log_softmax(const X& x, D dim = -1) {
 /// add the cotangent back where each element came from).
 template <Traced X, Dim D>
 auto expand_dims(const X& x, D axis) {
-  return detail::derivative<detail::rule::structural, void>::apply(x, [axis](const auto& v) { return namedax::expand_dims(v, axis); });
+  return detail::derivative<detail::rule::structural, void>::apply([axis](const auto& v) { return namedax::expand_dims(v, axis); }, x);
 }
 
 /// `where(condition, a, b)`: the cotangent goes to the operand chosen; the condition is not

@@ -16,7 +16,26 @@ namespace detail {
 /// each came from (detail/autodiff.hpp). `Verb` makes the lookup wait for instantiation.
 template <class Verb, class X, class Op>
 auto traced_structural(const X& x, const Op& op) {
-  return derivative<rule::structural, typename dependent<X, Verb>::type>::apply(x, op);
+  return derivative<rule::structural, typename dependent<X, Verb>::type>::apply(op, x);
+}
+
+/// A std::tuple or std::array of values, one at least traced (namedax::grad).
+template <class T>
+inline constexpr bool holds_traced_value = false;
+template <class... Xs>
+inline constexpr bool holds_traced_value<std::tuple<Xs...>> = (Traced<Xs> || ...);
+template <class X, std::size_t N>
+inline constexpr bool holds_traced_value<std::array<X, N>> = N > 0 && Traced<X>;
+
+/// concat and stack of values one at least traced: a structural op of all of them.
+template <class Verb, class Values, class Join>
+auto traced_join(const Values& values, const Join& join) {
+  return std::apply(
+      [&](const auto&... xs) {
+        return derivative<rule::structural, typename dependent<Values, Verb>::type>::apply(
+            [&](const auto&... ys) { return join(std::make_tuple(ys...)); }, xs...);
+      },
+      values);
 }
 }  // namespace detail
 
@@ -73,6 +92,14 @@ struct dynamic_update_slice_fn {
   auto operator()(const X& x, const U& update, const Starts& starts) const {
     return detail::dynamic_update_slice(x, update, starts);
   }
+  /// Differentiated: each element of the result comes from x or from the update.
+  template <class X, class U, class Starts>
+    requires(detail::is_tuple_like<Starts> && (Traced<X> || Traced<U>) && (Traced<X> || Operand<X>) &&
+             (Traced<U> || Operand<U>))
+  auto operator()(const X& x, const U& update, const Starts& starts) const {
+    return detail::derivative<detail::rule::structural, typename detail::dependent<X, dynamic_update_slice_fn>::type>::apply(
+        [starts](const auto& a, const auto& b) { return detail::dynamic_update_slice(a, b, starts); }, x, update);
+  }
 };
 inline constexpr dynamic_update_slice_fn dynamic_update_slice{};
 
@@ -87,6 +114,11 @@ struct concat_fn {
                   "pass an outer value to the inner map as an argument instead of capturing it");
     return detail::join<false>(values, dim);
   }
+  template <class Values>
+    requires detail::holds_traced_value<Values>
+  auto operator()(const Values& values, int dim) const {
+    return detail::traced_join<concat_fn>(values, [dim](const auto& ys) { return concat_fn{}(ys, dim); });
+  }
 };
 inline constexpr concat_fn concat{};
 
@@ -99,6 +131,11 @@ struct stack_fn {
                   "namedax::stack: the values come from different maps that are not nested in one another; "
                   "pass an outer value to the inner map as an argument instead of capturing it");
     return detail::join<true>(values, dim);
+  }
+  template <class Values>
+    requires detail::holds_traced_value<Values>
+  auto operator()(const Values& values, int dim) const {
+    return detail::traced_join<stack_fn>(values, [dim](const auto& ys) { return stack_fn{}(ys, dim); });
   }
 };
 inline constexpr stack_fn stack{};
@@ -236,6 +273,15 @@ struct pad_fn {
     requires std::is_arithmetic_v<V>
   auto operator()(const X& x, const pad_widths& widths, V value = 0) const {
     return detail::when_resolved(detail::pad_op<V>{widths, value}, x);
+  }
+  /// Differentiated: the pad's elements come from no operand (their positions are -1).
+  template <Traced X, class V = int>
+    requires std::is_arithmetic_v<V>
+  auto operator()(const X& x, const pad_widths& widths, V value = 0) const {
+    return detail::traced_structural<pad_fn>(x, [widths, value]<class Y>(const Y& y) {
+      if constexpr (std::is_same_v<typename Y::value_type, std::int64_t>) return detail::pad_op<std::int64_t>{widths, -1}(y);
+      else return detail::pad_op<V>{widths, value}(y);
+    });
   }
 };
 inline constexpr pad_fn pad{};

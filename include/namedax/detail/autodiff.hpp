@@ -317,10 +317,10 @@ auto reduce(const X& x, std::optional<std::vector<int>> dims, bool keepdims, Kee
 }
 
 /// A value of positional shape `operand` (and ct's vectorized dims) holding, at each
-/// position, the sum of the elements of `ct` whose `source` is that position (a position
-/// outside the operand, as a pad's, adds nothing): the transpose of a gather.
+/// position p, the sum of the elements of `ct` whose `source` is `offset + p` (a source
+/// outside the operand, a pad's or another operand's, adds nothing): the transpose of a gather.
 template <class C, class S>
-C add_at(const C& ct, const S& source, const std::vector<std::size_t>& operand) {
+C add_at(const C& ct, const S& source, std::int64_t offset, const std::vector<std::size_t>& operand) {
   using T = typename C::value_type;
   constexpr std::size_t vectorized = C::env_type::vectorized_count;
   xt::xarray<T> c = evaluate(ct.payload());
@@ -338,7 +338,7 @@ C add_at(const C& ct, const S& source, const std::vector<std::size_t>& operand) 
   xt::xarray<T> out = xt::zeros<T>(out_shape);
   const auto size = static_cast<std::int64_t>(out.size() / lanes);
   for (std::size_t f = 0; f < c.size(); ++f) {
-    const std::int64_t p = s.data()[f];
+    const std::int64_t p = s.data()[f] - offset;
     if (p >= 0 && p < size) out.data()[static_cast<std::size_t>(p) * lanes + f % lanes] += c.data()[f];
   }
   return C(share_array(std::move(out)));
@@ -651,22 +651,41 @@ struct derivative<rule::pdot, Verb> {
 
 template <class Verb>
 struct derivative<rule::structural, Verb> {
-  /// y = op(x) picks, for each of its elements, one element of x (or none: a pad). The same op
-  /// on x's positions (0, 1, ... over its positional dims, an int64 value) says which; the
-  /// pullback adds each element of the cotangent at the position it came from.
-  template <class X, class Op>
-  static auto apply(const X& x, const Op& op) {
-    const auto& a = x.primal();
-    using Env = typename X::env_type;
-    std::vector<std::size_t> shape = a.shape();
-    const std::size_t count = std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>());
-    shape.resize(shape.size() + Env::vectorized_count, 1);
-    xt::xarray<std::int64_t> positions = xt::arange<std::int64_t>(static_cast<std::int64_t>(count));
-    positions.reshape(shape);
-    auto source = namedax::eval(op(make_named<shared_array<std::int64_t>, Env, 0>(share_array(std::move(positions)))));
-    return ad::record(op(a), [source, operand = a.shape()](const auto& ct, auto) {
-      return ad::add_at(ct, source, operand);
-    }, x);
+  /// y = op(xs...) picks, for each of its elements, one element of one operand (or none: a
+  /// pad). The same op on the operands' positions says which: operand k's are numbered from
+  /// the sum of the sizes before it (-1 for an operand not differentiated). The pullback adds
+  /// each element of the cotangent at the position it came from. An op that must tell
+  /// positions from values (pad's fill) sees them as int64 values.
+  template <class Op, class... Xs>
+  static auto apply(const Op& op, const Xs&... xs) {
+    std::array<std::int64_t, sizeof...(Xs)> offsets{};
+    std::array<std::vector<std::size_t>, sizeof...(Xs)> shapes;
+    std::int64_t next = 0;
+    std::size_t k = 0;
+    auto numbered = [&](const auto& x) {
+      const auto& a = ad::primal_of(x);
+      using A = std::remove_cvref_t<decltype(a)>;
+      using Env = typename env_of<A>::type;
+      if constexpr (NamedValue<A>) shapes[k] = a.shape();
+      else shapes[k].assign(a.shape().begin(), a.shape().end());
+      const auto count = static_cast<std::int64_t>(
+          std::accumulate(shapes[k].begin(), shapes[k].end(), std::size_t{1}, std::multiplies<>()));
+      std::vector<std::size_t> shape = shapes[k];
+      shape.resize(shape.size() + Env::vectorized_count, 1);
+      xt::xarray<std::int64_t> positions = xt::arange<std::int64_t>(next, next + count);
+      if constexpr (!Traced<decltype(x)>) positions.fill(-1);
+      positions.reshape(shape);
+      offsets[k++] = next;
+      next += count;
+      return make_named<shared_array<std::int64_t>, Env, 0>(share_array(std::move(positions)));
+    };
+    // Braced: the operands are numbered in order.
+    auto positions = std::tuple{numbered(xs)...};
+    auto source = namedax::eval(std::apply(op, positions));
+    return ad::record(op(ad::primal_of(xs)...), [source, offsets, shapes](const auto& ct, auto k) {
+      constexpr std::size_t K = decltype(k)::value;
+      return ad::add_at(ct, source, offsets[K], shapes[K]);
+    }, xs...);
   }
 };
 
