@@ -237,6 +237,88 @@ auto expand_dims(const X& x, D axis) {
   return detail::derivative<detail::rule::structural, void>::apply([axis](const auto& v) { return namedax::expand_dims(v, axis); }, x);
 }
 
+/// `cumsum(x, dim)`: linear; its pullback is the running sum from the other end.
+template <Traced X, Dim D>
+auto cumsum(const X& x, D dim) {
+  const int d = static_cast<int>(dim);
+  return detail::ad::elementwise([d](const auto& a) { return namedax::cumsum(a, d); },
+                                 [d](const auto& ct, auto, const auto&, const auto&) {
+                                   return namedax::flip(namedax::cumsum(namedax::flip(ct, d), d), d);
+                                 },
+                                 x);
+}
+/// `cumsum(x)`: over the flattened positional dims.
+template <Traced X>
+auto cumsum(const X& x) {
+  const auto shape = x.shape();
+  const int size = static_cast<int>(std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>()));
+  return cumsum(reshape(x, {size}), 0);
+}
+
+/// `sort(x, dim)`: the elements in their sorted places, a gather by argsort; ties keep their
+/// order (stable), so each cotangent goes to the element placed there.
+template <Traced X, Dim D = int>
+auto sort(const X& x, D dim = -1) {
+  return take_along_axis(x, namedax::argsort(x.primal(), static_cast<int>(dim)), static_cast<int>(dim));
+}
+/// `top_k(x, k)`: {values, indices}; the values are a gather by the indices, which are constants.
+template <Traced X>
+auto top_k(const X& x, long long k) {
+  auto indices = namedax::top_k(x.primal(), k).second;
+  return std::pair{take_along_axis(x, indices, -1), indices};
+}
+
+// Indices, predicates and rounding of traced values are constants of the program (JAX gives
+// rounding a zero derivative); they are computed on the primal.
+#define NAMEDAX_TRACED_CONSTANT(verb)                                                                      \
+  template <Traced X, class... Args>                                                                        \
+  auto verb(const X& x, const Args&... args) {                                                              \
+    return namedax::verb(x.primal(), args...);                                                              \
+  }
+NAMEDAX_TRACED_CONSTANT(argsort)
+NAMEDAX_TRACED_CONSTANT(argmax)
+NAMEDAX_TRACED_CONSTANT(argmin)
+NAMEDAX_TRACED_CONSTANT(isnan)
+NAMEDAX_TRACED_CONSTANT(isinf)
+NAMEDAX_TRACED_CONSTANT(isfinite)
+NAMEDAX_TRACED_CONSTANT(signbit)
+#undef NAMEDAX_TRACED_CONSTANT
+NAMEDAX_TRACED_UNARY(ceil, ct * T(0))
+NAMEDAX_TRACED_UNARY(floor, ct * T(0))
+NAMEDAX_TRACED_UNARY(trunc, ct * T(0))
+NAMEDAX_TRACED_UNARY(round, ct * T(0))
+NAMEDAX_TRACED_UNARY(nearbyint, ct * T(0))
+NAMEDAX_TRACED_UNARY(rint, ct * T(0))
+
+/// `clip(x, lo, hi)`: the cotangent to x strictly inside the bounds, else to the bound that
+/// clipped it (as JAX's clamp).
+template <class X, class L, class H>
+  requires TracedOperands<X, L, H>
+auto clip(X&& x, L&& lo, H&& hi) {
+  return detail::ad::elementwise(
+      [](const auto& a, const auto& l, const auto& h) { return namedax::clip(a, l, h); },
+      []<class C>(const C& ct, auto k, const auto&, const auto& a, const auto& l, const auto& h) {
+        using T = typename C::value_type;
+        if constexpr (decltype(k)::value == 0) return ct * cast<T>((a > l) && (a < h));
+        else if constexpr (decltype(k)::value == 1) return ct * cast<T>(a <= l);
+        else return ct * cast<T>((a >= h) && (a > l));
+      },
+      x, lo, hi);
+}
+/// `fma(a, b, c)`: a b + c.
+template <class A, class B, class C>
+  requires TracedOperands<A, B, C>
+auto fma(A&& a, B&& b, C&& c) {
+  return detail::ad::elementwise(
+      [](const auto& u, const auto& v, const auto& w) { return namedax::fma(u, v, w); },
+      [](const auto& ct, auto k, const auto&, const auto& u, const auto& v, const auto&) {
+        if constexpr (decltype(k)::value == 0) return namedax::eval(ct * v);
+        else if constexpr (decltype(k)::value == 1) return namedax::eval(ct * u);
+        else return namedax::eval(ct);
+      },
+      a, b, c);
+}
+
 /// `where(condition, a, b)`: the cotangent goes to the operand chosen; the condition is not
 /// differentiated.
 template <class Cnd, class A, class B>
