@@ -1,0 +1,496 @@
+// SPDX-License-Identifier: MIT
+// Gradient checks of namedax::grad, value_and_grad and vjp: every differentiated rule against
+// central finite differences of the same function evaluated on plain named values (float64,
+// step 1e-6), in vmap, pmap, nested maps and a mesh, vmap and pmap agreeing bit for bit; the
+// variance semantics (replicated parameters, psum of a loss, varying results), ties of
+// pmax/pmin and of the local extremes, constants (pargmax, integers, bools, stop_gradient),
+// grad outside any map, pytrees, value_and_grad, vjp and the error of a non-scalar result.
+//
+// One generic checker serves every rule: a family of rules is one function `f(x, c, op)` that
+// picks the rule by the runtime number `op`, so each family is compiled once per placement.
+#include "test_support.hpp"
+
+#include <xtensor/xadapt.hpp>
+#include <xtensor/xmath.hpp>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+using namespace namedax::literals;
+using namedax_test::error_of;
+
+namespace {
+
+constexpr double step = 1e-6;
+constexpr double tolerance = 1e-6;
+
+/// Random values uniform in [lo, hi].
+xt::xarray<double> uniform(std::mt19937& rng, const std::vector<std::size_t>& shape, double lo, double hi) {
+  xt::xarray<double> a = xt::xarray<double>::from_shape(shape);
+  std::uniform_real_distribution<double> d(lo, hi);
+  for (auto& v : a) v = d(rng);
+  return a;
+}
+
+/// A loss value as one number: the sum over every index of the names it varies along (a
+/// replicated value counts once), so that the map returns it unmapped.
+template <class Y>
+auto total(const Y& y) {
+  if constexpr (Y::varying != 0) return namedax::psum(y, namedax::detail::axes_of_mask<typename Y::env_type, Y::varying>());
+  else return y;
+}
+
+/// The loss every rule ends in: sum(s * sin(g)), s a positive per-index weight, so that the
+/// cotangent reaching the rule differs from element to element and from index to index.
+template <class S, class G>
+auto finish(const S& s, const G& g) {
+  return namedax::eval(namedax::sum(s * namedax::sin(namedax::eval(g))));
+}
+
+/// Central differences of `loss` (array -> double) at x.
+template <class Loss>
+xt::xarray<double> finite_difference(const Loss& loss, xt::xarray<double> x) {
+  xt::xarray<double> g = xt::zeros<double>(x.shape());
+  for (std::size_t k = 0; k < x.size(); ++k) {
+    const double v = x.flat(k);
+    x.flat(k) = v + step;
+    const double up = loss(x);
+    x.flat(k) = v - step;
+    const double down = loss(x);
+    x.flat(k) = v;
+    g.flat(k) = (up - down) / (2 * step);
+  }
+  return g;
+}
+
+/// max |got - expected| / max |expected|: the check fails where it is `tolerance` or more.
+double relative_error(const xt::xarray<double>& got, const xt::xarray<double>& expected) {
+  if (got.shape() != expected.shape()) return INFINITY;
+  const double scale = xt::amax(xt::abs(expected))();
+  return xt::amax(xt::abs(got - expected))() / scale;
+}
+
+void check_close(const std::string& what, const xt::xarray<double>& got, const xt::xarray<double>& fd) {
+  INFO(what, "\n  grad: ", namedax_test::show(got), "\n  finite differences: ", namedax_test::show(fd));
+  CHECK(xt::amax(xt::abs(fd))() > 1e-3);  // not vacuous
+  CHECK(relative_error(got, fd) < tolerance);
+}
+
+/// The loss of a family at rule `op`, summed over the names, and its gradient in x.
+template <class F>
+auto loss_body(const F& f, int op) {
+  return [f, op](const auto& x, const auto& c) { return total(f(x, c, op)); };
+}
+template <class F>
+auto grad_body(const F& f, int op) {
+  return [f, op](const auto& x, const auto& c) {
+    return namedax::grad([&](const auto& t, const auto& cc) { return f(t, cc, op); })(x, c);
+  };
+}
+
+double first(const xt::xarray<double>& a) { return a.flat(0); }
+
+/// Checks rule `op` of family `f` on x of positional shape (4, 3), c the same, under "i" of
+/// size 4: x mapped (varying) or unmapped (replicated, its gradient the sum over the indices),
+/// in vmap and pmap (bit for bit equal) against finite differences of the summed loss.
+template <bool Replicated, class F>
+void check_single(const F& f, int op, std::mt19937& rng) {
+  using namedax::none;
+  const xt::xarray<double> x = Replicated ? uniform(rng, {4, 3}, 0.2, 0.8) : uniform(rng, {4, 4, 3}, 0.2, 0.8);
+  const xt::xarray<double> c = uniform(rng, {4, 4, 3}, 0.5, 1.5);
+  auto in_axes = [] {
+    if constexpr (Replicated) return std::tuple{none, 0};
+    else return std::tuple{0, 0};
+  }();
+  auto out_axes = [] {
+    if constexpr (Replicated) return none;
+    else return 0;
+  }();
+  const xt::xarray<double> gv = namedax::vmap<"i">(grad_body(f, op), in_axes, out_axes)(x, c);
+  const xt::xarray<double> gp = namedax::pmap<"i">(grad_body(f, op), in_axes, out_axes)(x, c);
+  auto loss = [&, l = namedax::vmap<"i">(loss_body(f, op), in_axes, none)](const xt::xarray<double>& at) {
+    return first(l(at, c));
+  };
+  INFO("rule ", op, Replicated ? ", replicated parameter" : ", mapped parameter");
+  CHECK_BITWISE(gv, gp);
+  check_close("vmap<i>", gv, finite_difference(loss, x));
+}
+
+/// The same, nested: pmap<"j"> (2 devices) of vmap<"i"> (4), x mapped along "i" and replicated
+/// along "j" (its gradient summed over "j"), c mapped along both.
+template <class F>
+void check_nested(const F& f, int op, std::mt19937& rng) {
+  using namedax::none;
+  const xt::xarray<double> x = uniform(rng, {4, 4, 3}, 0.2, 0.8);
+  const xt::xarray<double> c = uniform(rng, {2, 4, 4, 3}, 0.5, 1.5);
+  const xt::xarray<double> g = namedax::pmap<"j">(namedax::vmap<"i">(grad_body(f, op), std::tuple{0, 0}, 0),
+                                                  std::tuple{none, 0}, none)(x, c);
+  auto l = namedax::vmap<"j">(namedax::vmap<"i">(loss_body(f, op), std::tuple{0, 0}, none), std::tuple{none, 0}, none);
+  auto loss = [&](const xt::xarray<double>& at) { return first(l(at, c)); };
+  INFO("rule ", op, ", nested pmap<j>(vmap<i>)");
+  check_close("pmap<j>(vmap<i>)", g, finite_difference(loss, x));
+}
+
+// -------------------------------------------------------------------------------------------
+// The families. Inputs: x in [0.2, 0.8] (inside every domain, away from the kinks used),
+// c in [0.5, 1.5].
+
+constexpr int local_rules = 72;
+
+/// Elementwise functions, arithmetic, where, cast and the local reductions.
+const auto local_family = [](const auto& x, const auto& c, int op) {
+  const auto s = namedax::eval(namedax::sum(c));
+  const auto b = namedax::eval(1.0 - x * x);  // a second traced operand, in [0.36, 0.96]
+  switch (op) {
+    case 0: return finish(s, namedax::exp(x));
+    case 1: return finish(s, namedax::exp2(x));
+    case 2: return finish(s, namedax::expm1(x));
+    case 3: return finish(s, namedax::log(x));
+    case 4: return finish(s, namedax::log2(x));
+    case 5: return finish(s, namedax::log10(x));
+    case 6: return finish(s, namedax::log1p(x));
+    case 7: return finish(s, namedax::sigmoid(x));
+    case 8: return finish(s, namedax::sqrt(x));
+    case 9: return finish(s, namedax::cbrt(x));
+    case 10: return finish(s, namedax::square(x));
+    case 11: return finish(s, namedax::cube(x));
+    case 12: return finish(s, namedax::sin(x));
+    case 13: return finish(s, namedax::cos(x));
+    case 14: return finish(s, namedax::tan(x));
+    case 15: return finish(s, namedax::asin(x));
+    case 16: return finish(s, namedax::acos(x));
+    case 17: return finish(s, namedax::atan(x));
+    case 18: return finish(s, namedax::sinh(x));
+    case 19: return finish(s, namedax::cosh(x));
+    case 20: return finish(s, namedax::tanh(x));
+    case 21: return finish(s, namedax::asinh(x));
+    case 22: return finish(s, namedax::acosh(namedax::eval(x + 1.5)));
+    case 23: return finish(s, namedax::atanh(x));
+    case 24: return finish(s, namedax::erf(x));
+    case 25: return finish(s, namedax::erfc(x));
+    case 26: return finish(s, namedax::deg2rad(x));
+    case 27: return finish(s, namedax::radians(x));
+    case 28: return finish(s, namedax::rad2deg(x));
+    case 29: return finish(s, namedax::degrees(x));
+    case 30: return finish(s, namedax::abs(namedax::eval(x - 1.0)));
+    case 31: return finish(s, namedax::fabs(namedax::eval(x - 1.0)));
+    case 32: return finish(s, namedax::sign(namedax::eval(x - 1.0)) * x);
+    case 33: return finish(s, -x);
+    case 34: return finish(s, +x * c);
+    case 35: return finish(s, x + b);
+    case 36: return finish(s, x - b);
+    case 37: return finish(s, x * b);
+    case 38: return finish(s, x / b);
+    case 39: return finish(s, namedax::pow(x, b));
+    case 40: return finish(s, namedax::maximum(x, b));  // crosses at x = 0.618
+    case 41: return finish(s, namedax::minimum(x, b));
+    case 42: return finish(s, namedax::fmax(x, b));
+    case 43: return finish(s, namedax::fmin(x, b));
+    case 44: return finish(s, namedax::atan2(x, b));
+    case 45: return finish(s, namedax::hypot(x, b));
+    case 46: return finish(s, c / x);
+    case 47: return finish(s, x / c);
+    case 48: return finish(s, namedax::pow(c, x));
+    case 49: return finish(s, namedax::pow(x, 2.5));
+    case 50: return finish(s, namedax::maximum(c - 0.5, x));
+    case 51: return finish(s, 2.0 - x);
+    case 52: return finish(s, x * 3.0 + c);
+    case 53: return finish(s, namedax::where(x > 0.5, namedax::eval(x * x), namedax::eval(namedax::sin(x))));
+    case 54: return finish(s, namedax::where(c > 1.0, x, 0.3));
+    case 55: return finish(s, namedax::cast<double>(x) * x);
+    case 56: return finish(s, namedax::sum(x, 0));
+    case 57: return finish(s, namedax::sum(x, 1, {.keepdims = true}) * x);
+    case 58: return finish(s, namedax::mean(x));
+    case 59: return finish(s, namedax::mean(x, 1));
+    case 60: return finish(s, namedax::max(x, 1));
+    case 61: return finish(s, namedax::min(x, 0));
+    case 62: return finish(s, namedax::max(x));
+    case 63: return finish(s, namedax::logsumexp(x, 1));
+    case 64: return finish(s, namedax::logsumexp(x));
+    case 65: return finish(s, namedax::softmax(x, 1));
+    case 66: return finish(s, namedax::softmax(x, 0) * c);
+    case 67: return finish(s, namedax::log_softmax(x, 1));
+    case 68: return finish(s, namedax::log_softmax(x, 0) * c);
+    case 69: return finish(s, namedax::sum(x, {0, 1}));
+    case 70: return finish(s, x * namedax::sum(x, 0));
+    case 71: return finish(s, namedax::min(x, 1, {.keepdims = true}) * x);
+    default: throw std::logic_error("no such rule");
+  }
+};
+
+constexpr int collective_rules = 30;
+
+/// The collectives over "i" (4 indices), x of positional shape (4, 3).
+const auto collective_family = [](const auto& x, const auto& c, int op) {
+  const auto s = namedax::eval(namedax::sum(c));
+  const auto i = "i"_ax;
+  switch (op) {
+    case 0: return finish(s, namedax::psum(x, i));
+    case 1: return finish(s, namedax::pmean(x, i));
+    case 2: return finish(s, namedax::psum(x, i, {}));
+    case 3: return finish(s, namedax::pmean(x, i, {.axis_index_groups = {{0, 2}, {3, 1}}}));
+    case 4: return finish(s, namedax::psum(x, namedax::axes(i, 0)));
+    case 5: return finish(s, namedax::psum(x, i, {.axis_index_groups = {{0, 1}, {2, 3}}}));
+    case 6: return finish(s, namedax::psum(x, i, {.axis_index_groups = {{0}, {3, 1, 2}}}));
+    case 7: return finish(s, namedax::pmean(x, namedax::axes(i, 1)));
+    case 8: return finish(s, namedax::all_gather(x, i));
+    case 9: return finish(s, namedax::all_gather(x, i, {.axis = 1, .tiled = true}));
+    case 10: return finish(s, namedax::all_gather_invariant(x, i, {.tiled = true}));
+    case 11: return finish(s, namedax::all_gather(x, i, {.axis_index_groups = {{0, 1}, {2, 3}}}));
+    case 12: return finish(s, namedax::psum_scatter(x, i));
+    case 13: return finish(s, namedax::psum_scatter(x, i, {.scatter_dimension = 0, .tiled = true}));
+    case 14: return finish(s, namedax::all_to_all(x, i, 0, 1, {.tiled = true}));
+    case 15: return finish(s, namedax::all_to_all(x, i, 0, 0));
+    case 16: return finish(s, namedax::pswapaxes(x, i, 0));
+    case 17: return finish(s, namedax::ppermute(x, i, std::vector<std::pair<int, int>>{{0, 1}, {1, 2}, {2, 3}, {3, 0}}));
+    case 18: return finish(s, namedax::ppermute(x, i, std::vector<std::pair<int, int>>{{0, 2}, {1, 0}}) + x);
+    case 19: return finish(s, namedax::pshuffle(x, i, std::vector<int>{2, 0, 3, 1}));
+    case 20: return finish(s, namedax::pvary(namedax::psum(x, i), i));
+    case 21: return finish(s, namedax::pbroadcast(x, i, 2));
+    case 22: return finish(s, namedax::pdot(x, c, i, {{0}, {0}}));
+    case 23: return finish(s, namedax::pdot(x, namedax::eval(namedax::sin(x)), i, {{1}, {1}}));
+    case 24: return finish(s, namedax::pdot(c, x, namedax::axes(), {{1}, {1}}));
+    case 25: return finish(s, namedax::psum(x * x, i) * x);  // an invariant and a varying use
+    case 26: return finish(s, namedax::pmean(namedax::eval(x * c), i) + namedax::psum(x, i));
+    case 27: return finish(s, namedax::pmax(x, i));
+    case 28: return finish(s, namedax::pmin(x, i));
+    case 29: return finish(s, namedax::pmin(namedax::eval(x * c), i) + namedax::pmax(x, i));
+    default: throw std::logic_error("no such rule");
+  }
+};
+
+/// max |got - expected| / max |expected| below 1e-12: for gradients known in closed form.
+void check_exact(const std::string& what, const xt::xarray<double>& got, const xt::xarray<double>& expected) {
+  INFO(what, "\n  grad: ", namedax_test::show(got), "\n  expected: ", namedax_test::show(expected));
+  CHECK(relative_error(got, expected) < 1e-12);
+}
+
+/// The per-index loss (w . x_i)^2, a varying scalar, and its psum over "i", invariant.
+const auto squared_dot = [](const auto& w, const auto& x) { return namedax::square(namedax::sum(w * x)); };
+const auto psum_of_squared_dot = [](const auto& w, const auto& x) { return namedax::psum(squared_dot(w, x), "i"_ax); };
+
+template <class F>
+auto grad_of(const F& f) {
+  return [f](const auto& w, const auto& x) { return namedax::grad(f)(w, x); };
+}
+
+}  // namespace
+
+TEST_SUITE("grad") {
+  TEST_CASE("grad of every elementwise and local reduction rule against finite differences, every placement") {
+    std::mt19937 rng(21);
+    for (int op = 0; op < local_rules; ++op) {
+      check_single<false>(local_family, op, rng);
+      check_nested(local_family, op, rng);
+    }
+  }
+
+  TEST_CASE("grad of every collective against finite differences: mapped, replicated, nested") {
+    std::mt19937 rng(22);
+    for (int op = 0; op < collective_rules; ++op) {
+      check_single<false>(collective_family, op, rng);
+      check_single<true>(collective_family, op, rng);
+      check_nested(collective_family, op, rng);
+    }
+  }
+
+  TEST_CASE("grad of a replicated parameter is summed over the indices; grad of psum(loss) is that of the total (jax#3970)") {
+    using namedax::none;
+    std::mt19937 rng(23);
+    const xt::xarray<double> x = uniform(rng, {4, 3}, -1, 1);
+    const xt::xarray<double> w = uniform(rng, {3}, -1, 1);
+    const xt::xarray<double> ws = uniform(rng, {4, 3}, -1, 1);
+    // By hand: d/dw sum_i (w . x_i)^2 = sum_i 2 (w . x_i) x_i; per index, 2 (w_i . x_i) x_i.
+    xt::xarray<double> summed = xt::zeros<double>({3});
+    xt::xarray<double> per_index = xt::zeros<double>({4, 3});
+    for (std::size_t i = 0; i < 4; ++i) {
+      double d = 0, di = 0;
+      for (std::size_t k = 0; k < 3; ++k) d += w(k) * x(i, k), di += ws(i, k) * x(i, k);
+      for (std::size_t k = 0; k < 3; ++k) summed(k) += 2 * d * x(i, k), per_index(i, k) = 2 * di * x(i, k);
+    }
+    const auto replicated = std::tuple{none, 0};
+    // A varying scalar result: differentiated as the sum of its values.
+    const xt::xarray<double> v1 = namedax::vmap<"i">(grad_of(squared_dot), replicated, none)(w, x);
+    const xt::xarray<double> p1 = namedax::pmap<"i">(grad_of(squared_dot), replicated, none)(w, x);
+    check_exact("replicated w, varying loss", v1, summed);
+    CHECK_BITWISE(v1, p1);
+    // The psum of the losses, invariant: the same gradient, not 4 times it.
+    const xt::xarray<double> v2 = namedax::vmap<"i">(grad_of(psum_of_squared_dot), replicated, none)(w, x);
+    const xt::xarray<double> p2 = namedax::pmap<"i">(grad_of(psum_of_squared_dot), replicated, none)(w, x);
+    check_exact("replicated w, psum of the losses", v2, summed);
+    CHECK_BITWISE(v2, p2);
+    // A mapped parameter: each index's own gradient, with and without the psum.
+    const xt::xarray<double> v3 = namedax::vmap<"i">(grad_of(squared_dot))(ws, x);
+    const xt::xarray<double> p3 = namedax::pmap<"i">(grad_of(squared_dot))(ws, x);
+    check_exact("mapped w, varying loss", v3, per_index);
+    CHECK_BITWISE(v3, p3);
+    const xt::xarray<double> v4 = namedax::vmap<"i">(grad_of(psum_of_squared_dot))(ws, x);
+    const xt::xarray<double> p4 = namedax::pmap<"i">(grad_of(psum_of_squared_dot))(ws, x);
+    check_exact("mapped w, psum of the losses", v4, per_index);
+    CHECK_BITWISE(v4, p4);
+  }
+
+  TEST_CASE("grad of pmax and pmin at ties: shared equally; a pargmax index is a constant") {
+    const xt::xarray<double> x{1.0, 3.0, 3.0, 2.0};
+    const xt::xarray<double> y{2.0, 1.0, 3.0, 1.0};
+    auto extremes = [](const auto& u, const auto& v) {
+      auto gu = namedax::grad([](const auto& t) { return namedax::pmax(t, "i"_ax); })(u);
+      auto gv = namedax::grad([](const auto& t) { return namedax::pmin(t, "i"_ax); })(v);
+      // x * pargmax(x): the index is a constant, 2 here, the gradient 2 on every index. (Of
+      // the primal: pargmax of a traced value is not yet right.)
+      auto ga = namedax::grad([](const auto& t) {
+        return t * namedax::cast<double>(namedax::pargmax(namedax::stop_gradient(t), "i"_ax));
+      })(v);
+      return std::tuple{gu, gv, ga};
+    };
+    const auto [mv, nv, av] = namedax::vmap<"i">(extremes)(x, y);
+    const auto [mp, np, ap] = namedax::pmap<"i">(extremes)(x, y);
+    CHECK_BITWISE(mv, (xt::xarray<double>{0.0, 0.5, 0.5, 0.0}));
+    CHECK_BITWISE(nv, (xt::xarray<double>{0.0, 0.5, 0.0, 0.5}));
+    CHECK_BITWISE(av, (xt::xarray<double>{2.0, 2.0, 2.0, 2.0}));
+    CHECK_BITWISE(mv, mp);
+    CHECK_BITWISE(nv, np);
+    CHECK_BITWISE(av, ap);
+  }
+
+  TEST_CASE("grad at ties of the local extremes: shared equally") {
+    const xt::xarray<double> x{{1.0, 3.0, 3.0}, {2.0, 2.0, 0.0}};
+    const xt::xarray<double> row_max = namedax::grad([](const auto& v) { return namedax::sum(namedax::max(v, 1)); })(x);
+    CHECK(row_max == xt::xarray<double>{{0.0, 0.5, 0.5}, {0.5, 0.5, 0.0}});
+    const xt::xarray<double> three{2.0, 2.0, 2.0, 5.0};
+    const xt::xarray<double> all_min = namedax::grad([](const auto& v) { return namedax::min(v); })(three);
+    CHECK(relative_error(all_min, xt::xarray<double>{1.0 / 3, 1.0 / 3, 1.0 / 3, 0.0}) < 1e-15);
+    const xt::xarray<double> other{1.0, 0.0, 5.0};
+    const xt::xarray<double> a{1.0, 2.0, 3.0};
+    const xt::xarray<double> maximum =
+        namedax::grad([](const auto& v, const auto& o) { return namedax::sum(namedax::maximum(v, o)); })(a, other);
+    CHECK(maximum == xt::xarray<double>{0.5, 1.0, 0.0});
+    const xt::xarray<double> minimum =
+        namedax::grad([](const auto& v, const auto& o) { return namedax::sum(namedax::minimum(o, v)); })(a, other);
+    CHECK(minimum == xt::xarray<double>{0.5, 0.0, 1.0});
+  }
+
+  TEST_CASE("grad: stop_gradient, integer and bool arguments, a result that does not depend on x") {
+    using namedax::none;
+    std::mt19937 rng(24);
+    const xt::xarray<double> x = uniform(rng, {4, 3}, -1, 1);
+    const xt::xarray<int> n{{1, -2, 3}, {0, 4, 5}, {7, 1, 1}, {2, 2, -9}};
+    const xt::xarray<bool> on{true, false, true, true};
+    // sum(x * stop_gradient(x)): the gradient is x, not 2x.
+    auto stopped = [](const auto& v, const auto&) {
+      return namedax::grad([](const auto& t) { return namedax::sum(t * namedax::stop_gradient(t)); })(v);
+    };
+    CHECK_BITWISE(namedax::vmap<"i">(stopped)(x, x), x);
+    CHECK_BITWISE(namedax::pmap<"i">(stopped)(x, x), x);
+    // A pytree of a double, an int and a bool value: the last two get zeros.
+    auto mixed = [](const auto& v, const auto& k, const auto& b) {
+      auto g = namedax::grad([](const auto& p) {
+        const auto& [t, i, on] = p;
+        return namedax::sum(t * namedax::cast<double>(i) * namedax::cast<double>(on));
+      })(std::tuple{v, k, b});
+      return g;
+    };
+    auto [gx, gn, gb] = namedax::vmap<"i">(mixed)(x, n, on);
+    auto [px, pn, pb] = namedax::pmap<"i">(mixed)(x, n, on);
+    xt::xarray<double> expected = xt::cast<double>(n);
+    for (std::size_t i = 0; i < 4; ++i)
+      if (!on(i)) xt::view(expected, i) = 0.0;
+    CHECK_BITWISE(gx, expected);
+    CHECK_BITWISE(gx, px);
+    CHECK_BITWISE(gn, xt::xarray<int>(xt::zeros<int>({4, 3})));
+    CHECK_BITWISE(gb, xt::xarray<bool>(xt::zeros<bool>({4})));
+    CHECK_BITWISE(pn, gn);
+    CHECK_BITWISE(pb, gb);
+    // An integer first argument, outside any map: zeros of its type.
+    CHECK(namedax::grad([](const auto& k) { return static_cast<double>(xt::sum(k)()); })(n) == xt::zeros<int>({4, 3}));
+    // cast to float and back: the cotangent is cast back (to float, then to double).
+    const xt::xarray<double> c = uniform(rng, {3}, 0.5, 1.5);
+    const xt::xarray<double> through_float = namedax::grad([](const auto& t, const auto& w) {
+      return namedax::sum(namedax::cast<double>(namedax::cast<float>(t)) * w);
+    })(xt::xarray<double>(xt::view(x, 0)), c);
+    CHECK_BITWISE(through_float, xt::xarray<double>(xt::cast<double>(xt::cast<float>(c))));
+  }
+
+  TEST_CASE("grad outside any map: arrays, doubles, a tuple of parameters; value_and_grad; vjp; the error") {
+    std::mt19937 rng(25);
+    const xt::xarray<double> x = uniform(rng, {4, 3}, -1, 1);
+    const double a = 0.75;
+    // An array argument and a double held constant.
+    const xt::xarray<double> gx =
+        namedax::grad([](const auto& v, double s) { return namedax::sum(namedax::sin(v) * s); })(x, a);
+    check_exact("array argument", gx, xt::cos(x) * a);
+    // A double argument.
+    const double ga = namedax::grad([](const auto& s, const auto& v) { return xt::sum(xt::sin(v))() * s * s; })(a, x);
+    CHECK(std::abs(ga - 2 * a * xt::sum(xt::sin(x))()) < 1e-12);
+    // A tuple (w, b): r_n = w . x_n + b, loss sum_n r_n^2.
+    const xt::xarray<double> w = uniform(rng, {3}, -1, 1);
+    const double b = 0.25;
+    auto loss = [](const auto& p, const auto& data) {
+      const auto& [pw, pb] = p;
+      return namedax::sum(namedax::square(namedax::sum(pw * data, 1) + pb));
+    };
+    xt::xarray<double> gw_expected = xt::zeros<double>({3});
+    double gb_expected = 0, value_expected = 0;
+    for (std::size_t n = 0; n < 4; ++n) {
+      double r = b;
+      for (std::size_t k = 0; k < 3; ++k) r += w(k) * x(n, k);
+      for (std::size_t k = 0; k < 3; ++k) gw_expected(k) += 2 * r * x(n, k);
+      gb_expected += 2 * r;
+      value_expected += r * r;
+    }
+    const auto [gw, gb] = namedax::grad(loss)(std::tuple{w, b}, x);
+    check_exact("tuple: w", gw, gw_expected);
+    CHECK(std::abs(gb - gb_expected) < 1e-12 * std::abs(gb_expected));
+    const auto [value, grads] = namedax::value_and_grad(loss)(std::tuple{w, b}, x);
+    CHECK(std::abs(value.value() - value_expected) < 1e-12 * value_expected);
+    CHECK_BITWISE(std::get<0>(grads), gw);
+    CHECK(std::get<1>(grads) == gb);
+    // vjp of a non-scalar function of two arrays, with a given cotangent.
+    const xt::xarray<double> y = uniform(rng, {4, 3}, -1, 1);
+    const xt::xarray<double> ct = uniform(rng, {4, 3}, -1, 1);
+    auto [out, pullback] = namedax::vjp([](const auto& u, const auto& v) { return namedax::sin(u) * v; }, x, y);
+    const xt::xarray<double> out_array = out.payload();
+    check_exact("vjp: value", out_array, xt::sin(x) * y);
+    // (The cotangent as a named value of the result's type: pullback does not take a plain array.)
+    const auto [dx, dy] = pullback(decltype(out)(namedax::detail::share_array(xt::xarray<double>(ct))));
+    check_exact("vjp: first cotangent", dx, ct * xt::cos(x) * y);
+    check_exact("vjp: second cotangent", dy, ct * xt::sin(x));
+    // The same inside vmap and pmap, the cotangent mapped.
+    auto mapped = [](const auto& u, const auto& v, const auto& c) {
+      auto [o, pb] = namedax::vjp([](const auto& p, const auto& q) { return namedax::sin(p) * q; }, u, v);
+      return pb(c);
+    };
+    const auto [mx, my] = namedax::vmap<"i">(mapped)(x, y, ct);
+    const auto [qx, qy] = namedax::pmap<"i">(mapped)(x, y, ct);
+    check_exact("vjp in vmap: first cotangent", mx, ct * xt::cos(x) * y);
+    check_exact("vjp in vmap: second cotangent", my, ct * xt::sin(x));
+    CHECK_BITWISE(mx, qx);
+    CHECK_BITWISE(my, qy);
+    // A result that is not a scalar.
+    const std::string message = error_of([&] { (void)namedax::grad([](const auto& v) { return namedax::sin(v); })(x); });
+    CHECK(message.find("namedax::grad") != std::string::npos);
+    CHECK(message.find("scalar") != std::string::npos);
+    CHECK(error_of([&] { (void)namedax::value_and_grad([](const auto& v) { return namedax::sum(v, 0); })(x); })
+              .find("namedax::value_and_grad") != std::string::npos);
+  }
+
+  TEST_CASE("grad inside shard_map over a mesh of a device axis and a vectorized axis") {
+    std::mt19937 rng(26);
+    namedax::mesh m{namedax::devices<"i">(2), namedax::vectorized<"j">(2)};
+    const xt::xarray<double> w = uniform(rng, {3}, 0.2, 0.8);
+    const xt::xarray<double> x = uniform(rng, {8, 3}, 0.2, 0.8);
+    // Each block of 2 rows: sum(sin(w x)), averaged over "j": the total is half the sum over rows.
+    auto body = [](const auto& pw, const auto& block) {
+      return namedax::grad([](const auto& t, const auto& data) {
+        return namedax::pmean(namedax::sum(namedax::sin(t * data)), "j"_ax);
+      })(pw, block);
+    };
+    const auto in_specs = std::tuple{namedax::P(), namedax::P(namedax::axes("i"_ax, "j"_ax))};
+    const xt::xarray<double> g = namedax::shard_map(body, m, in_specs, namedax::P())(w, x);
+    const xt::xarray<double> expected = 0.5 * xt::sum(xt::cos(w * x) * x, {0});
+    check_exact("mesh", g, expected);
+  }
+}
