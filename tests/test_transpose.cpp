@@ -196,6 +196,21 @@ TEST_SUITE("transpose") {
     CHECK(lc(0) != 0.0);
   }
 
+  TEST_CASE("vjp of pvary of a value that already varies is the identity") {
+    // pvary of a varying value changes nothing, so its pullback must not sum the cotangent.
+    std::mt19937 rng(3);
+    auto body = [](auto x, auto ct) {
+      static_assert(decltype(x)::varying == 1);
+      auto [y, pullback] = namedax::vjp(linear::pvary("i"_ax), x);
+      auto back = pullback(ct);
+      static_assert(decltype(back)::varying == 1);
+      return back;
+    };
+    xt::xarray<double> x = random_integers(rng, {4, 3}), ct = random_integers(rng, {4, 3});
+    CHECK_BITWISE(namedax::vmap<"i">(body)(x, ct), ct);
+    CHECK_BITWISE(namedax::pmap<"i">(body)(x, ct), ct);
+  }
+
   TEST_CASE("transpose of pbroadcast: the cotangent at index source, zeros elsewhere, with no exchange") {
     std::mt19937 rng(11);
     for (int source : {0, 2, 3}) {

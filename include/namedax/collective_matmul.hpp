@@ -7,6 +7,7 @@
 
 #include <namedax/async.hpp>
 #include <namedax/detail/collective_matmul.hpp>
+#include <namedax/detail/traced.hpp>
 
 namespace namedax {
 
@@ -23,6 +24,12 @@ struct all_gather_matmul_fn {
   template <NamedValue X, Operand W, Axis A>
   auto operator()(const X& x, const W& w, const A& axis) const {
     return detail::all_gather_matmul_ring<all_gather_matmul_fn>(x, w, axis);
+  }
+  /// Differentiated (namedax::grad) in x, w or both.
+  template <class X, class W, Axis A>
+    requires((Traced<X> || Traced<W>) && (Traced<X> || NamedValue<X>) && (Traced<W> || Operand<W>))
+  auto operator()(const X& x, const W& w, const A& axis) const {
+    return detail::derivative<detail::rule::collective_matmul, typename detail::dependent<X, all_gather_matmul_fn>::type>::apply(x, w, axis);
   }
 };
 inline constexpr all_gather_matmul_fn all_gather_matmul{};
@@ -41,6 +48,12 @@ struct matmul_reduce_scatter_fn {
   template <NamedValue X, Operand W, Axis A>
   auto operator()(const X& x, const W& w, const A& axis) const {
     return detail::matmul_reduce_scatter_ring<matmul_reduce_scatter_fn>(x, w, axis);
+  }
+  /// Differentiated (namedax::grad) in x, w or both.
+  template <class X, class W, Axis A>
+    requires((Traced<X> || Traced<W>) && (Traced<X> || NamedValue<X>) && (Traced<W> || Operand<W>))
+  auto operator()(const X& x, const W& w, const A& axis) const {
+    return detail::derivative<detail::rule::collective_matmul, typename detail::dependent<X, matmul_reduce_scatter_fn>::type>::apply(x, w, axis);
   }
 };
 inline constexpr matmul_reduce_scatter_fn matmul_reduce_scatter{};

@@ -381,6 +381,12 @@ struct pvary_map : detail::linear_map_base {
   auto transpose_of(const C& ct) const {
     return detail::sum_along_varying(ct, detail::names_of<A>{});
   }
+  /// At x: the cotangent summed only where x does not vary (vjp's fit to x's type does that);
+  /// pvary of a value that already varies is the identity, and so is its pullback.
+  template <NamedValue X>
+  auto pullback_at(const X&) const {
+    return [](const auto& ct) { return ct; };
+  }
 };
 template <AxisArgument A>
 pvary_map<A> pvary(A axes) {

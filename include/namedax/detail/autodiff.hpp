@@ -740,4 +740,33 @@ struct derivative<rule::einsum, Verb> {
   }
 };
 
+template <class Verb>
+struct derivative<rule::collective_matmul, Verb> {
+  /// all_gather_matmul (G x) w and matmul_reduce_scatter S(x w), G an all_gather and S a
+  /// psum_scatter along the axis, tiled over rows. In x: the linear map's transpose (the other
+  /// collective matmul, by w transposed). In w: (G x)^T ct, and x^T (S^T ct).
+  template <class X, class W, class A>
+  static auto apply(const X& x, const W& w, const A& axis) {
+    auto a = ad::owned_operand(x);
+    auto b = ad::owned_operand(w);
+    constexpr bool gathers = std::is_same_v<Verb, all_gather_matmul_fn>;
+    return ad::record(
+        Verb{}(a, b, axis),
+        [a, b, axis](const auto& ct, auto k) {
+          if constexpr (decltype(k)::value == 0) {
+            if constexpr (gathers) return linear::all_gather_matmul(b, axis).transpose_of(ct);
+            else return linear::matmul_reduce_scatter(b, axis).transpose_of(ct);
+          } else if constexpr (gathers) {
+            auto rows = namedax::all_gather(a, axis, {.axis = 0, .tiled = true});
+            return namedax::pdot(rows, ct, namedax::axes(), {{0}, {0}});
+          } else {
+            auto [y, pullback] = vjp_of(linear::psum_scatter(axis, {.scatter_dimension = 0, .tiled = true}),
+                                        namedax::pdot(a, b, namedax::axes(), {{1}, {0}}));
+            return namedax::pdot(a, pullback(ct), namedax::axes(), {{0}, {0}});
+          }
+        },
+        x, w);
+  }
+};
+
 }  // namespace namedax::detail

@@ -44,6 +44,7 @@ struct pvary;
 struct pbroadcast;
 struct pdot;
 struct einsum;
+struct collective_matmul;
 struct structural;
 }  // namespace rule
 
