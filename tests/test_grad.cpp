@@ -262,6 +262,55 @@ const auto collective_family = [](const auto& x, const auto& c, int op) {
   }
 };
 
+constexpr int structural_rules = 36;
+
+/// Structural ops, xeinsum, scans and sorts, clip, fma, rounding, the collective matmuls and the
+/// grouped extremes, x of positional shape (4, 3) under "i" of size 4.
+const auto structural_family = [](const auto& x, const auto& c, int op) {
+  const auto s = namedax::eval(namedax::sum(c));
+  const auto i = "i"_ax;
+  const xt::xarray<double> w{{0.5, -1.0}, {2.0, 0.25}, {-0.75, 1.5}};
+  switch (op) {
+    case 0: return finish(s, namedax::reshape(x, {3, 4}) * namedax::reshape(c, {3, 4}));
+    case 1: return finish(s, namedax::permute_dims(x, {1, 0}));
+    case 2: return finish(s, namedax::moveaxis(x, 0, 1) * namedax::moveaxis(c, 0, 1));
+    case 3: return finish(s, namedax::swapaxes(x, 0, 1));
+    case 4: return finish(s, namedax::squeeze(namedax::expand_dims(x, 0)) * c);
+    case 5: return finish(s, namedax::expand_dims(x, 1) * c);
+    case 6: return finish(s, namedax::broadcast_to(x, {2, 4, 3}) * c);
+    case 7: return finish(s, namedax::flip(x, 0) * c);
+    case 8: return finish(s, namedax::roll(x, 1, 1) * c);
+    case 9: return finish(s, namedax::view(x, xt::range(1, 3), 0));
+    case 10: return finish(s, namedax::dynamic_slice(x, std::array{1, 0}, std::array<std::size_t, 2>{2, 2}));
+    case 11: return finish(s, namedax::take(x, xt::xarray<int>{2, 0, 2}, 0));
+    case 12: return finish(s, namedax::take_along_axis(x, namedax::argsort(c, 1), 1));
+    case 13: return finish(s, namedax::concat(std::tuple{x, c, namedax::eval(x * x)}, 0));
+    case 14: return finish(s, namedax::stack(std::tuple{x, namedax::eval(x * c)}, 1));
+    case 15: return finish(s, namedax::pad(x, {{1, 2}}, 0.5));
+    case 16: return finish(s, namedax::dynamic_update_slice(x, namedax::view(namedax::eval(x * c), xt::range(0, 2)), std::array{1, 0}));
+    case 17: return finish(s, namedax::xeinsum<"ab,ab->a">(x, c));
+    case 18: return finish(s, namedax::xeinsum<"ab,cb->ac">(x, x));
+    case 19: return finish(s, namedax::xeinsum<"ab->">(x) * x);
+    case 20: return finish(s, namedax::xeinsum<"ab{i},ab->b">(x, c));
+    case 21: return finish(s, namedax::cumsum(x, 1));
+    case 22: return finish(s, namedax::cumsum(x) * namedax::reshape(c, {12}));
+    case 23: return finish(s, namedax::sort(namedax::eval(x * c), 1));
+    case 24: return finish(s, namedax::top_k(namedax::eval(x * c), 2).first);
+    case 25: return finish(s, namedax::clip(x, 0.3, 0.7) * c);
+    case 26: return finish(s, namedax::fma(x, c, namedax::eval(x * x)));
+    case 27: return finish(s, namedax::floor(namedax::eval(x * 3.0)) * x);
+    case 28: return finish(s, namedax::all_gather_matmul(x, w, i));
+    case 29: return finish(s, namedax::matmul_reduce_scatter(x, w, i));
+    case 30: return finish(s, namedax::all_gather_matmul(x, namedax::permute_dims(x, {1, 0}), i));
+    case 31: return finish(s, namedax::matmul_reduce_scatter(x, namedax::permute_dims(x, {1, 0}), i));
+    case 32: return finish(s, namedax::pmax(x, i, {.axis_index_groups = {{0, 2}, {3, 1}}}));
+    case 33: return finish(s, namedax::pmin(namedax::eval(x * c), i, {.axis_index_groups = {{0, 1}, {2, 3}}}));
+    case 34: return finish(s, namedax::cast<double>(namedax::pargmax(namedax::eval(x * c), i)) * x);
+    case 35: return finish(s, namedax::pmax_with_index(x, i).first);
+    default: throw std::logic_error("no such rule");
+  }
+};
+
 /// max |got - expected| / max |expected| below 1e-12: for gradients known in closed form.
 void check_exact(const std::string& what, const xt::xarray<double>& got, const xt::xarray<double>& expected) {
   INFO(what, "\n  grad: ", namedax_test::show(got), "\n  expected: ", namedax_test::show(expected));
@@ -294,6 +343,15 @@ TEST_SUITE("grad") {
       check_single<false>(collective_family, op, rng);
       check_single<true>(collective_family, op, rng);
       check_nested(collective_family, op, rng);
+    }
+  }
+
+  TEST_CASE("grad of structural ops, xeinsum, scans, sorts, collective matmuls and grouped extremes against finite differences") {
+    std::mt19937 rng(23);
+    for (int op = 0; op < structural_rules; ++op) {
+      check_single<false>(structural_family, op, rng);
+      check_single<true>(structural_family, op, rng);
+      check_nested(structural_family, op, rng);
     }
   }
 
@@ -333,27 +391,31 @@ TEST_SUITE("grad") {
     CHECK_BITWISE(v4, p4);
   }
 
-  TEST_CASE("grad of pmax and pmin at ties: shared equally; a pargmax index is a constant") {
+  TEST_CASE("grad of pmax and pmin at ties: shared equally, with groups too; a pargmax index is a constant") {
     const xt::xarray<double> x{1.0, 3.0, 3.0, 2.0};
     const xt::xarray<double> y{2.0, 1.0, 3.0, 1.0};
     auto extremes = [](const auto& u, const auto& v) {
       auto gu = namedax::grad([](const auto& t) { return namedax::pmax(t, "i"_ax); })(u);
       auto gv = namedax::grad([](const auto& t) { return namedax::pmin(t, "i"_ax); })(v);
-      // x * pargmax(x): the index is a constant, 2 here, the gradient 2 on every index. (Of
-      // the primal: pargmax of a traced value is not yet right.)
-      auto ga = namedax::grad([](const auto& t) {
-        return t * namedax::cast<double>(namedax::pargmax(namedax::stop_gradient(t), "i"_ax));
+      // x * pargmax(x): the index is a constant, 2 here, the gradient 2 on every index.
+      auto ga = namedax::grad([](const auto& t) { return t * namedax::cast<double>(namedax::pargmax(t, "i"_ax)); })(v);
+      // The sum over "i" of a grouped pmax: each group's maximum is held by both members, so
+      // the one chosen gets 2 (ties in the group {3, 1}: 1 each).
+      auto gg = namedax::grad([](const auto& t) {
+        return namedax::psum(namedax::pmax(t, "i"_ax, {.axis_index_groups = {{0, 2}, {3, 1}}}), "i"_ax);
       })(v);
-      return std::tuple{gu, gv, ga};
+      return std::tuple{gu, gv, ga, gg};
     };
-    const auto [mv, nv, av] = namedax::vmap<"i">(extremes)(x, y);
-    const auto [mp, np, ap] = namedax::pmap<"i">(extremes)(x, y);
+    const auto [mv, nv, av, gv] = namedax::vmap<"i">(extremes)(x, y);
+    const auto [mp, np, ap, gp] = namedax::pmap<"i">(extremes)(x, y);
     CHECK_BITWISE(mv, (xt::xarray<double>{0.0, 0.5, 0.5, 0.0}));
     CHECK_BITWISE(nv, (xt::xarray<double>{0.0, 0.5, 0.0, 0.5}));
     CHECK_BITWISE(av, (xt::xarray<double>{2.0, 2.0, 2.0, 2.0}));
+    CHECK_BITWISE(gv, (xt::xarray<double>{0.0, 1.0, 2.0, 1.0}));
     CHECK_BITWISE(mv, mp);
     CHECK_BITWISE(nv, np);
     CHECK_BITWISE(av, ap);
+    CHECK_BITWISE(gv, gp);
   }
 
   TEST_CASE("grad at ties of the local extremes: shared equally") {
@@ -454,10 +516,13 @@ TEST_SUITE("grad") {
     auto [out, pullback] = namedax::vjp([](const auto& u, const auto& v) { return namedax::sin(u) * v; }, x, y);
     const xt::xarray<double> out_array = out.payload();
     check_exact("vjp: value", out_array, xt::sin(x) * y);
-    // (The cotangent as a named value of the result's type: pullback does not take a plain array.)
-    const auto [dx, dy] = pullback(decltype(out)(namedax::detail::share_array(xt::xarray<double>(ct))));
+    // The cotangent as a plain array (outside any map), or as a named value of the result's type.
+    const auto [dx, dy] = pullback(ct);
     check_exact("vjp: first cotangent", dx, ct * xt::cos(x) * y);
     check_exact("vjp: second cotangent", dy, ct * xt::sin(x));
+    const auto [nx, ny] = pullback(decltype(out)(namedax::detail::share_array(xt::xarray<double>(ct))));
+    CHECK_BITWISE(nx, dx);
+    CHECK_BITWISE(ny, dy);
     // The same inside vmap and pmap, the cotangent mapped.
     auto mapped = [](const auto& u, const auto& v, const auto& c) {
       auto [o, pb] = namedax::vjp([](const auto& p, const auto& q) { return namedax::sin(p) * q; }, u, v);

@@ -108,6 +108,7 @@ inline constexpr dynamic_update_slice_fn dynamic_update_slice{};
 /// `concat(std::tuple{a, b}, 0)`: a's rows, then b's.
 struct concat_fn {
   template <NamedValues Values>
+    requires(!detail::holds_traced_value<Values>)
   auto operator()(const Values& values, int dim) const {
     static_assert(detail::tuple_envs_share_one_map<Values>::value,
                   "namedax::concat: the values come from different maps that are not nested in one another; "
@@ -126,6 +127,7 @@ inline constexpr concat_fn concat{};
 /// `stack(std::tuple{a, b}, 0)`: shape (2, ...a's shape).
 struct stack_fn {
   template <NamedValues Values>
+    requires(!detail::holds_traced_value<Values>)
   auto operator()(const Values& values, int dim) const {
     static_assert(detail::tuple_envs_share_one_map<Values>::value,
                   "namedax::stack: the values come from different maps that are not nested in one another; "

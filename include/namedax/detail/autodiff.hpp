@@ -444,6 +444,19 @@ auto run_pullbacks(const std::vector<std::shared_ptr<node>>& outputs, Read read)
   return read();
 }
 
+/// A cotangent given for a result of type N: a named value as it is; a plain array or a
+/// scalar (outside any map, or a constant inside one) as a value of N's environment.
+template <class N, class C>
+auto as_cotangent(const C& ct) {
+  if constexpr (NamedValue<C>) {
+    return ct;
+  } else {
+    using T = typename N::value_type;
+    using Env = typename N::env_type;
+    return make_named<shared_array<T>, Env, 0>(share_array(evaluate<T>(payload_in<Env>(ct))));
+  }
+}
+
 /// The gradient tree of an argument tree `x`, received by the function as `t`.
 template <class X, class T>
 auto gradients_of(const X& x, const T& t) {
@@ -473,7 +486,7 @@ auto vjp_of_function(const F& f, const Xs&... xs) {
           [&] {
             const auto& o = std::get<K>(out_leaves);
             if constexpr (Traced<decltype(o)>) {
-              o.cell()->accumulate(std::get<K>(ct_leaves));
+              o.cell()->accumulate(as_cotangent<typename std::remove_cvref_t<decltype(o)>::primal_type>(std::get<K>(ct_leaves)));
               outputs.push_back(o.cell());
             }
           }(),
@@ -559,11 +572,13 @@ struct derivative<rule::all_reduce<K, Grouped>, Verb> {
     } else if constexpr (K == reduction::mean) {
       return ad::linear(linear::pmean_map<axis_list<P, Names...>, Grouped>{{}, list, options}, x);
     } else {
-      auto reduce = [list, options]<class V>(Verb verb, const V& v) {
+      // The extreme of the primal, as this all-reduce computes it (Verb may be pargmax, which
+      // reduces its operand by the maximum first), and the count of ties by the same groups.
+      auto reduce = [list, options]<class R, class V>(R verb, const V& v) {
         if constexpr (Grouped) return verb(v, list, options);
         else return verb(v, list);
       };
-      auto y = namedax::eval(reduce(Verb{}, x.primal()));
+      auto y = namedax::eval(reduce(all_reduce_verb<Verb, K>{}, x.primal()));
       return ad::record(
           y,
           [reduce, y, a = x.primal()](const auto& ct, auto) {
@@ -574,7 +589,11 @@ struct derivative<rule::all_reduce<K, Grouped>, Verb> {
             // is one value, which the extreme is (pmax of a replicated value is the value).
             constexpr axis_mask varies = Env::template mask_of<Names...>() & X::varying;
             if constexpr (varies == 0) return namedax::eval(ct * chosen);
-            else if constexpr (Grouped) return namedax::eval(ct * chosen / reduce(psum_fn{}, chosen));
+            else if constexpr (Grouped) {
+              // Each group's extreme is held by every member, each with its own cotangent.
+              const all_reduce_verb<Verb, reduction::sum> group_sum;
+              return namedax::eval(reduce(group_sum, ct) * chosen / reduce(group_sum, chosen));
+            }
             else return namedax::eval(ct * chosen / namedax::psum(chosen, axes_of_mask<Env, varies>()));
           },
           x);
