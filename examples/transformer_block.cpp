@@ -23,13 +23,11 @@ constexpr int steps = 5;
 constexpr double learning_rate = 0.1;
 
 /// x / its standard deviation after subtracting its mean, over the last dim (no learned
-/// scale). The means are products with a constant matrix of 1/width, so that every value
-/// keeps x's shape.
+/// scale).
 template <class X>
 auto layer_norm(const X& x) {
-  const xt::xarray<double> average = xt::ones<double>({width, width}) / static_cast<double>(width);
-  auto centered = x - namedax::pdot(x, average, namedax::axes(), {{2}, {0}});
-  auto variance = namedax::pdot(centered * centered, average, namedax::axes(), {{2}, {0}});
+  auto centered = x - namedax::mean(x, -1, {.keepdims = true});
+  auto variance = namedax::mean(centered * centered, -1, {.keepdims = true});
   return centered / namedax::sqrt(variance + 1e-5);
 }
 
@@ -66,9 +64,8 @@ auto train_over(Model model) {
     for (int step = 0; step < steps; ++step) {
       auto [loss, gradient] = namedax::value_and_grad(loss_over(model))(params, x, t);
       losses.push_back(loss.value());
-      params = [&]<std::size_t... K>(std::index_sequence<K...>) {
-        return std::tuple{namedax::eval(std::get<K>(params) - learning_rate * std::get<K>(gradient))...};
-      }(std::make_index_sequence<6>{});
+      params = namedax::tree_map([](const auto& p, const auto& g) { return namedax::eval(p - learning_rate * g); },
+                                 params, gradient);
     }
     return std::tuple{params, xt::xarray<double>(xt::adapt(losses))};
   };

@@ -14,6 +14,7 @@
 #include <namedax/mesh.hpp>
 #include <namedax/named_array.hpp>
 #include <namedax/named_shape.hpp>
+#include <namedax/pytree.hpp>
 #include <namedax/ragged.hpp>
 #include <namedax/reductions.hpp>
 #include <namedax/structure.hpp>
