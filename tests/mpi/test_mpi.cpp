@@ -295,6 +295,29 @@ TEST_SUITE("collectives on processes against vmap") {
     CHECK_BITWISE(xt::xarray<float>(xt::view(moved, n - 1)), xt::xarray<float>(xt::view(x, 0)));
     check_like_vmap(f, 0, x);
   }
+  TEST_CASE("grad through the collectives over processes: the same bits as under vmap") {
+    // Whole numbers and a polynomial loss: every sum is exact in any order, so MPI's order
+    // cannot show. w is replicated (its gradient summed over the processes), x mapped.
+    std::mt19937 rng(31);
+    const std::size_t n = processes;
+    auto x = whole_numbers<double>(rng, {n, n, 2});
+    auto w = whole_numbers<double>(rng, {n, 2});
+    auto c = whole_numbers<double>(rng, {n, n, 2});
+    std::vector<std::pair<int, int>> ring;
+    for (std::size_t k = 0; k < n; ++k) ring.emplace_back(static_cast<int>(k), static_cast<int>((k + 1) % n));
+    auto f = [&](auto w, auto x, auto c) {
+      return namedax::grad([&](const auto& p, const auto& c) {
+        const auto& [w, x] = p;
+        auto a = namedax::all_gather(x * w, "i"_ax);
+        auto b = namedax::psum_scatter(x * c, "i"_ax, {.scatter_dimension = 0, .tiled = true});
+        auto d = namedax::ppermute(x * x, "i"_ax, ring);
+        auto e = namedax::all_to_all(x * w, "i"_ax, 0, 0, {.tiled = true});
+        auto g = namedax::pdot(x, c, "i"_ax, {{0, 1}, {0, 1}});
+        return namedax::psum(namedax::sum(a * a) + namedax::sum(b * b) + namedax::sum(d * c) + namedax::sum(e * e * c), "i"_ax) + g;
+      })(std::tuple{w, x}, c);
+    };
+    check_like_vmap(f, std::tuple{namedax::none, 0, 0}, w, x, c);
+  }
   TEST_CASE("pbroadcast from every source: each process gets the source's value, exact for NaN, -inf and -0") {
     const std::size_t n = processes;
     xt::xarray<float> x = xt::arange<float>(static_cast<float>(n * 3)).reshape({n, 3});
