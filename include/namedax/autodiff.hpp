@@ -69,7 +69,7 @@ const X& eval(const X& x) {
     return ::namedax::detail::ad::elementwise(                                                              \
         [](const auto& a) { return ::namedax::name(a); },                                                   \
         []<class C>(const C& ct, auto, [[maybe_unused]] const auto& y, [[maybe_unused]] const auto& a) {    \
-          using T = typename C::value_type;                                                                 \
+          using T [[maybe_unused]] = typename C::value_type;                                                \
           return derivative;                                                                                \
         },                                                                                                  \
         x);                                                                                                 \
@@ -82,7 +82,7 @@ const X& eval(const X& x) {
         [](const auto& a, const auto& b) { return ::namedax::name(a, b); },                                 \
         []<class C>(const C& ct, auto k, [[maybe_unused]] const auto& y, [[maybe_unused]] const auto& a,     \
                     [[maybe_unused]] const auto& b) {                                                       \
-          using T = typename C::value_type;                                                                 \
+          using T [[maybe_unused]] = typename C::value_type;                                                \
           if constexpr (decltype(k)::value == 0) return derivative_a;                                       \
           else return derivative_b;                                                                         \
         },                                                                                                  \
