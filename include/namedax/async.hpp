@@ -7,6 +7,7 @@
 #include <namedax/axis.hpp>
 #include <namedax/collective_options.hpp>
 #include <namedax/detail/async.hpp>
+#include <namedax/detail/traced.hpp>
 
 #include <utility>
 #include <vector>
@@ -60,9 +61,17 @@ class handle {
 struct ppermute_fn {
   static constexpr std::string_view name = "async::ppermute";
   template <class X, AxisArgument A>
+    requires(!Traced<X>)
   [[nodiscard]] auto operator()(const X& x, const A& axes, const std::vector<std::pair<int, int>>& perm) const {
     auto state = detail::start_ppermute<ppermute_fn>(x, axes, perm);
     return handle<typename decltype(state)::result_type>(std::move(state));
+  }
+  template <Traced X, AxisArgument A>
+  X operator()(const X& x, const A&, const std::vector<std::pair<int, int>>&) const {
+    static_assert(detail::always_false<X>,
+                  "namedax::grad: async::ppermute has no derivative rule; in a differentiated function use "
+                  "namedax::ppermute, whose rule is its transpose");
+    return x;  // only the assertion above is reported
   }
   /// A permutation known at compile time (`namedax::static_perm<0, 1, 1, 0>`): checked at
   /// compile time as namedax::ppermute checks it.

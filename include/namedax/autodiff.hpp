@@ -319,6 +319,20 @@ auto fma(A&& a, B&& b, C&& c) {
       a, b, c);
 }
 
+/// Operations without a rule yet: the first error line says so.
+template <Traced X, class... Args>
+X prod(const X& x, const Args&...) {
+  static_assert(detail::always_false<X>, "namedax::grad: prod has no derivative rule yet; write it as exp(sum(log(x))) "
+                                         "for positive x, or apply it to namedax::stop_gradient(x)");
+  return x;  // only the assertion above is reported
+}
+template <Traced X, class... Args>
+X cumprod(const X& x, const Args&...) {
+  static_assert(detail::always_false<X>, "namedax::grad: cumprod has no derivative rule yet; write it as "
+                                         "exp(cumsum(log(x))) for positive x, or apply it to namedax::stop_gradient(x)");
+  return x;  // only the assertion above is reported
+}
+
 /// `where(condition, a, b)`: the cotangent goes to the operand chosen; the condition is not
 /// differentiated.
 template <class Cnd, class A, class B>
