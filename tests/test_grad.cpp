@@ -262,7 +262,7 @@ const auto collective_family = [](const auto& x, const auto& c, int op) {
   }
 };
 
-constexpr int structural_rules = 36;
+constexpr int structural_rules = 41;
 
 /// Structural ops, xeinsum, scans and sorts, clip, fma, rounding, the collective matmuls and the
 /// grouped extremes, x of positional shape (4, 3) under "i" of size 4.
@@ -307,6 +307,11 @@ const auto structural_family = [](const auto& x, const auto& c, int op) {
     case 33: return finish(s, namedax::pmin(namedax::eval(x * c), i, {.axis_index_groups = {{0, 1}, {2, 3}}}));
     case 34: return finish(s, namedax::cast<double>(namedax::pargmax(namedax::eval(x * c), i)) * x);
     case 35: return finish(s, namedax::pmax_with_index(x, i).first);
+    case 36: return finish(s, namedax::fmod(namedax::eval(x * 5.0), c));
+    case 37: return finish(s, namedax::remainder(c, x));
+    case 38: return finish(s, namedax::fdim(x, namedax::eval(c - 0.75)));
+    case 39: return finish(s, namedax::pow<3>(x) + namedax::pow<1>(x));
+    case 40: return finish(s, namedax::pow<2>(namedax::eval(x * c)));
     default: throw std::logic_error("no such rule");
   }
 };
@@ -506,6 +511,13 @@ TEST_SUITE("grad") {
     const auto [gw, gb] = namedax::grad(loss)(std::tuple{w, b}, x);
     check_exact("tuple: w", gw, gw_expected);
     CHECK(std::abs(gb - gb_expected) < 1e-12 * std::abs(gb_expected));
+    // An SGD step over the pytree of parameters and its gradient, with tree_map.
+    const auto params = std::tuple{w, b};
+    const auto stepped = namedax::tree_map(
+        [](const auto& p, const auto& g) { return std::remove_cvref_t<decltype(p)>(p - 0.5 * g); }, params,
+        namedax::grad(loss)(params, x));
+    check_exact("tree_map: w", std::get<0>(stepped), w - 0.5 * gw);
+    CHECK(std::get<1>(stepped) == b - 0.5 * gb);
     const auto [value, grads] = namedax::value_and_grad(loss)(std::tuple{w, b}, x);
     CHECK(std::abs(value.value() - value_expected) < 1e-12 * value_expected);
     CHECK_BITWISE(std::get<0>(grads), gw);

@@ -167,6 +167,11 @@ NAMEDAX_TRACED_BINARY(fmax, ct * (cast<T>(a > b) + T(0.5) * cast<T>(a == b)),
 NAMEDAX_TRACED_BINARY(fmin, ct * (cast<T>(a < b) + T(0.5) * cast<T>(a == b)),
                       ct * (cast<T>(b < a) + T(0.5) * cast<T>(a == b)))
 NAMEDAX_TRACED_BINARY(atan2, ct * b / (a * a + b * b), -ct * a / (a * a + b * b))
+/// fmod(a, b) = a - trunc(a / b) b, remainder(a, b) = a - rint(a / b) b (std::remainder: the
+/// nearest quotient, ties to even), the quotient's derivative zero; fdim(a, b) = max(a - b, 0).
+NAMEDAX_TRACED_BINARY(fmod, ct * T(1), -ct * trunc(a / b))
+NAMEDAX_TRACED_BINARY(remainder, ct * T(1), -ct * rint(a / b))
+NAMEDAX_TRACED_BINARY(fdim, ct * cast<T>(a > b), -ct * cast<T>(a > b))
 NAMEDAX_TRACED_BINARY(hypot, ct * a / y, ct * b / y)
 
 // Local reductions: `sum(x, dims, {.keepdims})` and the others take their dims as the
@@ -331,6 +336,18 @@ X cumprod(const X& x, const Args&...) {
   static_assert(detail::always_false<X>, "namedax::grad: cumprod has no derivative rule yet; write it as "
                                          "exp(cumsum(log(x))) for positive x, or apply it to namedax::stop_gradient(x)");
   return x;  // only the assertion above is reported
+}
+
+/// `pow<N>(x)`: N x^(N-1).
+template <std::size_t N, Traced X>
+auto pow(const X& x) {
+  return detail::ad::elementwise([](const auto& a) { return namedax::pow<N>(a); },
+                                 []<class C>(const C& ct, auto, const auto&, const auto& a) {
+                                   using T = typename C::value_type;
+                                   if constexpr (N == 1) return namedax::eval(ct * T(1));
+                                   else return namedax::eval(ct * T(N) * namedax::pow<(N > 1 ? N - 1 : 1)>(a));
+                                 },
+                                 x);
 }
 
 /// `where(condition, a, b)`: the cotangent goes to the operand chosen; the condition is not
