@@ -121,8 +121,8 @@ NAMEDAX_TRACED_COMPARISON(greater)
 NAMEDAX_TRACED_COMPARISON(greater_equal)
 
 // Elementwise functions. abs has derivative sign(x) (0 at 0), as JAX.
-NAMEDAX_TRACED_UNARY(abs, ct * sign(a))
-NAMEDAX_TRACED_UNARY(fabs, ct * sign(a))
+NAMEDAX_TRACED_UNARY(abs, ct * namedax::sign(a))
+NAMEDAX_TRACED_UNARY(fabs, ct * namedax::sign(a))
 NAMEDAX_TRACED_UNARY(sign, ct * T(0))
 NAMEDAX_TRACED_UNARY(exp, ct * y)
 NAMEDAX_TRACED_UNARY(exp2, ct * y * T(std::numbers::ln2))
@@ -136,42 +136,42 @@ NAMEDAX_TRACED_UNARY(sqrt, ct * T(0.5) / y)
 NAMEDAX_TRACED_UNARY(cbrt, ct / (T(3) * y * y))
 NAMEDAX_TRACED_UNARY(square, ct * T(2) * a)
 NAMEDAX_TRACED_UNARY(cube, ct * T(3) * a * a)
-NAMEDAX_TRACED_UNARY(sin, ct * cos(a))
-NAMEDAX_TRACED_UNARY(cos, -ct * sin(a))
+NAMEDAX_TRACED_UNARY(sin, ct * namedax::cos(a))
+NAMEDAX_TRACED_UNARY(cos, -ct * namedax::sin(a))
 NAMEDAX_TRACED_UNARY(tan, ct * (T(1) + y * y))
-NAMEDAX_TRACED_UNARY(asin, ct / sqrt(T(1) - a * a))
-NAMEDAX_TRACED_UNARY(acos, -ct / sqrt(T(1) - a * a))
+NAMEDAX_TRACED_UNARY(asin, ct / namedax::sqrt(T(1) - a * a))
+NAMEDAX_TRACED_UNARY(acos, -ct / namedax::sqrt(T(1) - a * a))
 NAMEDAX_TRACED_UNARY(atan, ct / (T(1) + a * a))
-NAMEDAX_TRACED_UNARY(sinh, ct * cosh(a))
-NAMEDAX_TRACED_UNARY(cosh, ct * sinh(a))
+NAMEDAX_TRACED_UNARY(sinh, ct * namedax::cosh(a))
+NAMEDAX_TRACED_UNARY(cosh, ct * namedax::sinh(a))
 NAMEDAX_TRACED_UNARY(tanh, ct * (T(1) - y * y))
-NAMEDAX_TRACED_UNARY(asinh, ct / sqrt(a * a + T(1)))
-NAMEDAX_TRACED_UNARY(acosh, ct / sqrt(a * a - T(1)))
+NAMEDAX_TRACED_UNARY(asinh, ct / namedax::sqrt(a * a + T(1)))
+NAMEDAX_TRACED_UNARY(acosh, ct / namedax::sqrt(a * a - T(1)))
 NAMEDAX_TRACED_UNARY(atanh, ct / (T(1) - a * a))
-NAMEDAX_TRACED_UNARY(erf, ct * T(std::numbers::inv_sqrtpi * 2) * exp(-a * a))
-NAMEDAX_TRACED_UNARY(erfc, -ct * T(std::numbers::inv_sqrtpi * 2) * exp(-a * a))
+NAMEDAX_TRACED_UNARY(erf, ct * T(std::numbers::inv_sqrtpi * 2) * namedax::exp(-a * a))
+NAMEDAX_TRACED_UNARY(erfc, -ct * T(std::numbers::inv_sqrtpi * 2) * namedax::exp(-a * a))
 NAMEDAX_TRACED_UNARY(deg2rad, ct * T(std::numbers::pi / 180))
 NAMEDAX_TRACED_UNARY(radians, ct * T(std::numbers::pi / 180))
 NAMEDAX_TRACED_UNARY(rad2deg, ct * T(180 / std::numbers::pi))
 NAMEDAX_TRACED_UNARY(degrees, ct * T(180 / std::numbers::pi))
 /// pow(a, b): b a^(b-1) in a; y log(a) in b, 0 where a is 0 (as JAX).
-NAMEDAX_TRACED_BINARY(pow, ct * b * pow(a, b - T(1)),
-                      where(a == T(0), T(0) * ct, ct * y * log(where(a == T(0), T(1), a))))
+NAMEDAX_TRACED_BINARY(pow, ct * b * namedax::pow(a, b - T(1)),
+                      namedax::where(a == T(0), T(0) * ct, ct * y * namedax::log(namedax::where(a == T(0), T(1), a))))
 /// maximum and minimum send the cotangent to the operand chosen, half to each on a tie (as JAX).
-NAMEDAX_TRACED_BINARY(maximum, ct * (cast<T>(a > b) + T(0.5) * cast<T>(a == b)),
-                      ct * (cast<T>(b > a) + T(0.5) * cast<T>(a == b)))
-NAMEDAX_TRACED_BINARY(minimum, ct * (cast<T>(a < b) + T(0.5) * cast<T>(a == b)),
-                      ct * (cast<T>(b < a) + T(0.5) * cast<T>(a == b)))
-NAMEDAX_TRACED_BINARY(fmax, ct * (cast<T>(a > b) + T(0.5) * cast<T>(a == b)),
-                      ct * (cast<T>(b > a) + T(0.5) * cast<T>(a == b)))
-NAMEDAX_TRACED_BINARY(fmin, ct * (cast<T>(a < b) + T(0.5) * cast<T>(a == b)),
-                      ct * (cast<T>(b < a) + T(0.5) * cast<T>(a == b)))
+NAMEDAX_TRACED_BINARY(maximum, ct * (namedax::cast<T>(a > b) + T(0.5) * namedax::cast<T>(a == b)),
+                      ct * (namedax::cast<T>(b > a) + T(0.5) * namedax::cast<T>(a == b)))
+NAMEDAX_TRACED_BINARY(minimum, ct * (namedax::cast<T>(a < b) + T(0.5) * namedax::cast<T>(a == b)),
+                      ct * (namedax::cast<T>(b < a) + T(0.5) * namedax::cast<T>(a == b)))
+NAMEDAX_TRACED_BINARY(fmax, ct * (namedax::cast<T>(a > b) + T(0.5) * namedax::cast<T>(a == b)),
+                      ct * (namedax::cast<T>(b > a) + T(0.5) * namedax::cast<T>(a == b)))
+NAMEDAX_TRACED_BINARY(fmin, ct * (namedax::cast<T>(a < b) + T(0.5) * namedax::cast<T>(a == b)),
+                      ct * (namedax::cast<T>(b < a) + T(0.5) * namedax::cast<T>(a == b)))
 NAMEDAX_TRACED_BINARY(atan2, ct * b / (a * a + b * b), -ct * a / (a * a + b * b))
 /// fmod(a, b) = a - trunc(a / b) b, remainder(a, b) = a - rint(a / b) b (std::remainder: the
 /// nearest quotient, ties to even), the quotient's derivative zero; fdim(a, b) = max(a - b, 0).
-NAMEDAX_TRACED_BINARY(fmod, ct * T(1), -ct * trunc(a / b))
-NAMEDAX_TRACED_BINARY(remainder, ct * T(1), -ct * rint(a / b))
-NAMEDAX_TRACED_BINARY(fdim, ct * cast<T>(a > b), -ct * cast<T>(a > b))
+NAMEDAX_TRACED_BINARY(fmod, ct * T(1), -ct * namedax::trunc(a / b))
+NAMEDAX_TRACED_BINARY(remainder, ct * T(1), -ct * namedax::rint(a / b))
+NAMEDAX_TRACED_BINARY(fdim, ct * namedax::cast<T>(a > b), -ct * namedax::cast<T>(a > b))
 NAMEDAX_TRACED_BINARY(hypot, ct * a / y, ct * b / y)
 
 // Local reductions: `sum(x, dims, {.keepdims})` and the others take their dims as the
@@ -257,20 +257,20 @@ template <Traced X>
 auto cumsum(const X& x) {
   const auto shape = x.shape();
   const int size = static_cast<int>(std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>()));
-  return cumsum(reshape(x, {size}), 0);
+  return namedax::cumsum(namedax::reshape(x, {size}), 0);
 }
 
 /// `sort(x, dim)`: the elements in their sorted places, a gather by argsort; ties keep their
 /// order (stable), so each cotangent goes to the element placed there.
 template <Traced X, Dim D = int>
 auto sort(const X& x, D dim = -1) {
-  return take_along_axis(x, namedax::argsort(x.primal(), static_cast<int>(dim)), static_cast<int>(dim));
+  return namedax::take_along_axis(x, namedax::argsort(x.primal(), static_cast<int>(dim)), static_cast<int>(dim));
 }
 /// `top_k(x, k)`: {values, indices}; the values are a gather by the indices, which are constants.
 template <Traced X>
 auto top_k(const X& x, long long k) {
   auto indices = namedax::top_k(x.primal(), k).second;
-  return std::pair{take_along_axis(x, indices, -1), indices};
+  return std::pair{namedax::take_along_axis(x, indices, -1), indices};
 }
 
 // Indices, predicates and rounding of traced values are constants of the program (JAX gives
@@ -304,9 +304,9 @@ auto clip(X&& x, L&& lo, H&& hi) {
       [](const auto& a, const auto& l, const auto& h) { return namedax::clip(a, l, h); },
       []<class C>(const C& ct, auto k, const auto&, const auto& a, const auto& l, const auto& h) {
         using T = typename C::value_type;
-        if constexpr (decltype(k)::value == 0) return ct * cast<T>((a > l) && (a < h));
-        else if constexpr (decltype(k)::value == 1) return ct * cast<T>(a <= l);
-        else return ct * cast<T>((a >= h) && (a > l));
+        if constexpr (decltype(k)::value == 0) return ct * namedax::cast<T>((a > l) && (a < h));
+        else if constexpr (decltype(k)::value == 1) return ct * namedax::cast<T>(a <= l);
+        else return ct * namedax::cast<T>((a >= h) && (a > l));
       },
       x, lo, hi);
 }
