@@ -2,8 +2,10 @@
 // Reverse-mode differentiation behind namedax/autodiff.hpp: the recorded program (a graph of
 // cells, one per operation on traced values, each holding its primal and a pullback), the
 // sweep that runs the pullbacks newest first, the fit of a contribution to its operand's type,
-// and the rules of the operations: elementwise ones here, the collectives through the linear
-// maps of namedax/transpose.hpp.
+// the helpers every rule is written with (record, elementwise, linear, reduce, add_at), and
+// the rules the other headers hand traced values to through detail/traced.hpp: the
+// collectives (through the linear maps of namedax/transpose.hpp), pdot, xeinsum's product,
+// the collective matmuls and the structural operations.
 // IWYU pragma: private, include <namedax/autodiff.hpp>
 #pragma once
 
