@@ -238,8 +238,8 @@ auto record(const Y& y, Pullback pullback, const Xs&... xs) {
 /// A linear map applied to a traced value: its pullback is the map's transpose (namedax::vjp).
 template <class Op, class X>
 auto linear(const Op& op, const X& x) {
-  auto [y, pullback] = vjp_of(op, x.primal());
-  return record(y, [pullback](const auto& ct, auto) { return pullback(ct); }, x);
+  auto applied = vjp_of(op, x.primal());  // not a structured binding: lambdas capture it (clang 14)
+  return record(applied.first, [pullback = std::move(applied.second)](const auto& ct, auto) { return pullback(ct); }, x);
 }
 
 /// An operand as a pullback keeps it: a traced or named value shares its data; plain arrays
