@@ -108,9 +108,8 @@ int main() {
   for (int step = 0; step < steps; ++step)
     std::printf("step %d  loss %.9f (model unsharded: %.9f)\n", step, losses(step), losses_ref(step));
   double error = relative_error(losses, losses_ref);
-  [&]<std::size_t... K>(std::index_sequence<K...>) {
-    ((error = std::max(error, relative_error(std::get<K>(trained), std::get<K>(trained_ref)))), ...);
-  }(std::make_index_sequence<6>{});
+  namedax::tree_map([&](const auto& a, const auto& b) { return error = std::max(error, relative_error(a, b)); },
+                    trained, trained_ref);
   std::printf("max difference from the unsharded training (losses and parameters, relative): %.3g\n", error);
   const bool falling = losses(steps - 1) < losses(0);
   const bool pass = falling && error < 1e-5;
