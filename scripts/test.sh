@@ -43,7 +43,7 @@ fi
 
 # compile-fail under clang++: a second configuration that registers only those tests.
 cmake -S . -B build/clang -DCMAKE_CXX_COMPILER=clang++ -DNAMEDAX_COMPILE_FAIL_ONLY=ON >/dev/null
-(cd build/clang && ctest -L compile-fail --output-on-failure --timeout 600)
+(cd build/clang && ctest -L compile-fail --output-on-failure -j2 --timeout 600)
 
 # The runtime tests and examples under AddressSanitizer + UndefinedBehaviorSanitizer, the
 # device-mode tests under ThreadSanitizer.
