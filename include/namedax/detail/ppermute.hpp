@@ -20,8 +20,16 @@ inline std::string_view pairs_options(const permutation_t& perm) { return option
 
 /// For each rank, the rank it receives from, or -1; sources and destinations must be unique.
 /// Written into a buffer of this thread that keeps its capacity (valid until its next call).
-inline std::span<const long> senders(std::string_view verb, std::span<const named_axis> axes,
-                                     const permutation_t& perm, std::size_t total) {
+NAMEDAX_DECL std::span<const long> senders(std::string_view verb, std::span<const named_axis> axes,
+                                           const permutation_t& perm, std::size_t total);
+
+/// pshuffle's permutation as ppermute's pairs (perm[i], i); it must permute 0..N-1.
+NAMEDAX_DECL permutation_t shuffle_pairs(std::string_view verb, std::span<const named_axis> axes,
+                                         const std::vector<int>& perm);
+
+#if NAMEDAX_DEFINITIONS
+NAMEDAX_DECL std::span<const long> senders(std::string_view verb, std::span<const named_axis> axes,
+                                           const permutation_t& perm, std::size_t total) {
   thread_local std::vector<long> from;
   thread_local std::vector<bool> sends;
   from.assign(total, -1);
@@ -43,9 +51,8 @@ inline std::span<const long> senders(std::string_view verb, std::span<const name
   return from;
 }
 
-/// pshuffle's permutation as ppermute's pairs (perm[i], i); it must permute 0..N-1.
-inline permutation_t shuffle_pairs(std::string_view verb, std::span<const named_axis> axes,
-                                   const std::vector<int>& perm) {
+NAMEDAX_DECL permutation_t shuffle_pairs(std::string_view verb, std::span<const named_axis> axes,
+                                         const std::vector<int>& perm) {
   std::size_t total = 1;
   for (const auto& a : axes) total *= a.size;
   std::vector<bool> seen(total, false);
@@ -63,6 +70,7 @@ inline permutation_t shuffle_pairs(std::string_view verb, std::span<const named_
   for (std::size_t i = 0; i < perm.size(); ++i) pairs.emplace_back(perm[i], static_cast<int>(i));
   return pairs;
 }
+#endif  // NAMEDAX_DEFINITIONS
 
 template <class T>
 xt::xarray<T> ppermute_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
@@ -88,6 +96,14 @@ xt::xarray<T> ppermute_rule(std::string_view verb, strided_block<T> in, std::siz
   frame.release();
   return out;
 }
+
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T)                                                                              \
+  NAMEDAX_EXTERN template xt::xarray<T> ppermute_rule<T>(std::string_view, strided_block<T>, std::size_t, \
+                                                        std::span<const named_axis>, const permutation_t&);
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
+#undef NAMEDAX_INSTANTIATE
+#endif
 
 /// ppermute among device threads of whole arrays: the receiver gets the sender's arrays
 /// themselves. Values are never written once made, so a move between threads is a move of a

@@ -4,6 +4,7 @@
 // IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/fault.hpp>
 #include <namedax/detail/runtime.hpp>
 
@@ -132,7 +133,103 @@ struct membership {
 /// needs one barrier instead of two.
 inline constexpr std::size_t inline_payload_bytes = 4096;
 
-inline membership join(std::span<const std::string_view> names) {
+/// This device's membership in the communicator of the device axes `names` (in order): the
+/// one its record met before, or the one the world keeps under a key of the names, the sizes
+/// of every device axis, this device's coordinates along the others and the enclosing runs.
+NAMEDAX_DECL membership join(std::span<const std::string_view> names);
+
+/// Lets go of the communicators device `me` met, once it runs no more collectives (call with
+/// the world's lock held): the last member of one to let go frees it. Every member meets a
+/// communicator once (its record keeps it), so when all have let go none reads it any more.
+NAMEDAX_DECL void leave_communicators(world& w, device_record& me);
+
+/// A collective call as the devices compare it and the trace records it. Its texts live in
+/// buffers of the calling thread that keep their capacity, so that describing a call
+/// allocates nothing after the first; they hold until the thread describes its next call.
+struct collective_call {
+  std::string_view op, axes, parameters, shape, dtype;
+  std::string_view signature;  // all of the above in one text
+  std::string_view what;       // "namedax::psum over ('i',)", for messages
+  std::uint64_t fingerprint;   // of the signature, which is what devices compare
+};
+
+/// A 64-bit FNV-1a hash of a text.
+inline std::uint64_t fingerprint_of(std::string_view text) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+/// The call device `path` is in now: the last it entered (for a mismatch report).
+NAMEDAX_DECL std::string current_call_of(world& w, const std::string& path);
+
+/// Sleeps until the barrier of generation `gen` completes or the world is poisoned; once a
+/// millisecond, looks under the world's lock whether a member left, every running device
+/// sleeps (a deadlock), or the timeout passed, and then returns what is wrong.
+NAMEDAX_DECL std::optional<std::string> sleep_until_released(const membership& m, std::uint32_t gen,
+                                                             std::string_view what, bool leaves_on_poison);
+
+/// Takes back member `rank`'s arrival at the barrier of generation `gen`, unless the barrier
+/// is completing (every member counted: then it is released, and must not leave). Returns
+/// whether it was taken back.
+NAMEDAX_DECL bool take_back_arrival(communicator& c, std::size_t rank, std::uint32_t gen);
+
+/// How often a waiter yields, where devices outnumber cores, before it sleeps.
+inline constexpr int crowded_yields = 16;
+
+/// The mismatch message for members 0 and r of `c` (call with the world's lock held).
+NAMEDAX_DECL std::string mismatch_between(world& w, const communicator& c, std::size_t r);
+
+/// Waits until every member arrived. With a call (the first barrier of an exchange), the
+/// members' calls must agree: their fingerprints are compared, and on a mismatch their texts,
+/// kept in their device records. Throws collective_error instead of waiting forever: when a
+/// member returned or failed, when every running device waits (a deadlock: devices wait in
+/// different collectives), or on timeout; a member that gives up takes its arrival back first,
+/// so that the barrier cannot complete without it and nobody reads what it offered.
+/// Without a call (the release barrier, after which a member may free what it offered), a
+/// member stays even when the world is poisoned: every member that passed the first barrier
+/// arrives here, and the others may still read its memory until they do.
+NAMEDAX_DECL void arrive_and_wait(const membership& m, const collective_call* call, std::string_view what,
+                                  exchange_form form = exchange_form::payload);
+
+/// One exchange of pointers: every member offers its buffer, reads the others' after
+/// `exchange`, and calls `release` once it no longer reads them. A payload of at most
+/// inline_payload_bytes (`bytes`, contiguous at `mine`; 0: lend the pointer) is copied into
+/// the communicator instead: then nobody reads the lender's memory, and release needs no
+/// barrier. Two buffers alternate by barrier generation: a member writes the next one while
+/// slower members still read this one, and cannot reach the one after before they arrive.
+/// A member that fails between the two (it throws, or cannot allocate its output) still meets
+/// the others at the release barrier as it unwinds, before what it lent is freed: the others
+/// finish reading, and its error then reaches them as the world's poison.
+class pointer_exchange {
+ public:
+  pointer_exchange(membership m, const void* mine, collective_call call, std::size_t bytes = 0,
+                   exchange_form form = exchange_form::payload);
+  pointer_exchange(const pointer_exchange&) = delete;  // the others hold pointers into it
+  pointer_exchange& operator=(const pointer_exchange&) = delete;
+  ~pointer_exchange() { meet_at_release(); }
+  [[nodiscard]] const void* slot(std::size_t rank) const {
+    return copied_ ? inline_base_ + rank * inline_payload_bytes : m_.comm->slots[rank];
+  }
+  [[nodiscard]] std::size_t rank() const { return m_.rank; }
+  [[nodiscard]] std::size_t size() const { return m_.comm->size; }
+  void release();
+
+ private:
+  /// The release barrier of a member that leaves early (it unwinds): what it lent stays
+  /// until the others are done reading it.
+  void meet_at_release() noexcept;
+
+  membership m_;
+  collective_call call_;
+  bool copied_;
+  bool lent_ = false;  // the others may read what this member lent, until the release barrier
+  std::byte* inline_base_ = nullptr;
+  double arrival_us_ = -1, wait_us_ = 0;  // arrival_us_ < 0: not traced
+};
+
+#if NAMEDAX_DEFINITIONS
+NAMEDAX_DECL membership join(std::span<const std::string_view> names) {
   const auto& stack = frames();
   const frame* first = find_frame(names.front());
   membership m{first->shared.get()};
@@ -194,10 +291,7 @@ inline membership join(std::span<const std::string_view> names) {
   return m;
 }
 
-/// Lets go of the communicators device `me` met, once it runs no more collectives (call with
-/// the world's lock held): the last member of one to let go frees it. Every member meets a
-/// communicator once (its record keeps it), so when all have let go none reads it any more.
-inline void leave_communicators(world& w, device_record& me) {
+NAMEDAX_DECL void leave_communicators(world& w, device_record& me) {
   for (const auto& met : me.met) {
     auto entry = w.communicators.find(*met.key);
     if (++entry->second.members_done == met.comm->size) w.communicators.erase(entry);
@@ -205,25 +299,7 @@ inline void leave_communicators(world& w, device_record& me) {
   me.met.clear();
 }
 
-/// A collective call as the devices compare it and the trace records it. Its texts live in
-/// buffers of the calling thread that keep their capacity, so that describing a call
-/// allocates nothing after the first; they hold until the thread describes its next call.
-struct collective_call {
-  std::string_view op, axes, parameters, shape, dtype;
-  std::string_view signature;  // all of the above in one text
-  std::string_view what;       // "namedax::psum over ('i',)", for messages
-  std::uint64_t fingerprint;   // of the signature, which is what devices compare
-};
-
-/// A 64-bit FNV-1a hash of a text.
-inline std::uint64_t fingerprint_of(std::string_view text) {
-  std::uint64_t h = 14695981039346656037ull;
-  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
-  return h;
-}
-
-/// The call device `path` is in now: the last it entered (for a mismatch report).
-inline std::string current_call_of(world& w, const std::string& path) {
+NAMEDAX_DECL std::string current_call_of(world& w, const std::string& path) {
   auto it = w.devices.find(path);
   if (it == w.devices.end()) return "an unknown collective";
   device_record& d = *it->second;
@@ -231,11 +307,8 @@ inline std::string current_call_of(world& w, const std::string& path) {
   return d.entered == 0 ? std::string("no collective") : d.recent[(d.entered - 1) % d.recent.size()];
 }
 
-/// Sleeps until the barrier of generation `gen` completes or the world is poisoned; once a
-/// millisecond, looks under the world's lock whether a member left, every running device
-/// sleeps (a deadlock), or the timeout passed, and then returns what is wrong.
-inline std::optional<std::string> sleep_until_released(const membership& m, std::uint32_t gen, std::string_view what,
-                                                       bool leaves_on_poison) {
+NAMEDAX_DECL std::optional<std::string> sleep_until_released(const membership& m, std::uint32_t gen,
+                                                             std::string_view what, bool leaves_on_poison) {
   world& w = *m.shared;
   communicator& c = *m.comm;
   device_record& me = *current_device();
@@ -277,10 +350,7 @@ inline std::optional<std::string> sleep_until_released(const membership& m, std:
   return trouble;
 }
 
-/// Takes back member `rank`'s arrival at the barrier of generation `gen`, unless the barrier
-/// is completing (every member counted: then it is released, and must not leave). Returns
-/// whether it was taken back.
-inline bool take_back_arrival(communicator& c, std::size_t rank, std::uint32_t gen) {
+NAMEDAX_DECL bool take_back_arrival(communicator& c, std::size_t rank, std::uint32_t gen) {
   std::uint64_t now = c.arrived.load(std::memory_order_acquire);
   while (now >> 32 == gen && (now & 0xffffffffu) < c.size)
     if (c.arrived.compare_exchange_weak(now, now - 1, std::memory_order_acq_rel)) {
@@ -290,11 +360,7 @@ inline bool take_back_arrival(communicator& c, std::size_t rank, std::uint32_t g
   return false;
 }
 
-/// How often a waiter yields, where devices outnumber cores, before it sleeps.
-inline constexpr int crowded_yields = 16;
-
-/// The mismatch message for members 0 and r of `c` (call with the world's lock held).
-inline std::string mismatch_between(world& w, const communicator& c, std::size_t r) {
+NAMEDAX_DECL std::string mismatch_between(world& w, const communicator& c, std::size_t r) {
   std::string first = current_call_of(w, c.member_paths[0]), other = current_call_of(w, c.member_paths[r]);
   std::string text = message("devices made different collective calls at the same point: device ", c.member_paths[0],
                              " called ", first, ", device ", c.member_paths[r], " called ", other);
@@ -304,17 +370,8 @@ inline std::string mismatch_between(world& w, const communicator& c, std::size_t
   return text + "; every device must make the same collective calls in the same order" + w.recent_collectives();
 }
 
-/// Waits until every member arrived. With a call (the first barrier of an exchange), the
-/// members' calls must agree: their fingerprints are compared, and on a mismatch their texts,
-/// kept in their device records. Throws collective_error instead of waiting forever: when a
-/// member returned or failed, when every running device waits (a deadlock: devices wait in
-/// different collectives), or on timeout; a member that gives up takes its arrival back first,
-/// so that the barrier cannot complete without it and nobody reads what it offered.
-/// Without a call (the release barrier, after which a member may free what it offered), a
-/// member stays even when the world is poisoned: every member that passed the first barrier
-/// arrives here, and the others may still read its memory until they do.
-inline void arrive_and_wait(const membership& m, const collective_call* call, std::string_view what,
-                            exchange_form form = exchange_form::payload) {
+NAMEDAX_DECL void arrive_and_wait(const membership& m, const collective_call* call, std::string_view what,
+                                  exchange_form form) {
   world& w = *m.shared;
   communicator& c = *m.comm;
   const auto& me = current_device();
@@ -382,83 +439,55 @@ inline void arrive_and_wait(const membership& m, const collective_call* call, st
     abort(message("device ", c.left_by[(gen + 1) % 2], " failed in it after the exchange began"));
 }
 
-/// One exchange of pointers: every member offers its buffer, reads the others' after
-/// `exchange`, and calls `release` once it no longer reads them. A payload of at most
-/// inline_payload_bytes (`bytes`, contiguous at `mine`; 0: lend the pointer) is copied into
-/// the communicator instead: then nobody reads the lender's memory, and release needs no
-/// barrier. Two buffers alternate by barrier generation: a member writes the next one while
-/// slower members still read this one, and cannot reach the one after before they arrive.
-/// A member that fails between the two (it throws, or cannot allocate its output) still meets
-/// the others at the release barrier as it unwinds, before what it lent is freed: the others
-/// finish reading, and its error then reaches them as the world's poison.
-class pointer_exchange {
- public:
-  pointer_exchange(membership m, const void* mine, collective_call call, std::size_t bytes = 0,
-                   exchange_form form = exchange_form::payload)
-      : m_(std::move(m)), call_(call), copied_(bytes > 0 && bytes <= inline_payload_bytes) {
-    if (tracing()) arrival_us_ = trace_clock_us();
-    at_fault_point(fault_point::arrival, call_.op);
+NAMEDAX_DECL pointer_exchange::pointer_exchange(membership m, const void* mine, collective_call call, std::size_t bytes,
+                                                exchange_form form)
+    : m_(std::move(m)), call_(call), copied_(bytes > 0 && bytes <= inline_payload_bytes) {
+  if (tracing()) arrival_us_ = trace_clock_us();
+  at_fault_point(fault_point::arrival, call_.op);
+  communicator& c = *m_.comm;
+  if (copied_) {  // the slots vector is not used: a faster member may already fill it for the next call
+    inline_base_ = c.inline_payloads[c.generation.load(std::memory_order_acquire) % 2].data();
+    std::memcpy(inline_base_ + m_.rank * inline_payload_bytes, mine, bytes);
+  } else {
+    c.slots[m_.rank] = mine;
+  }
+  arrive_and_wait(m_, &call_, call_.what, form);
+  lent_ = !copied_;
+  if (arrival_us_ >= 0) wait_us_ = trace_clock_us() - arrival_us_;
+  try {
+    at_fault_point(fault_point::exchanged, call_.op);
+  } catch (...) {  // no destructor runs for an object whose constructor throws
+    meet_at_release();
+    throw;
+  }
+}
+
+NAMEDAX_DECL void pointer_exchange::release() {
+  at_fault_point(fault_point::reading, call_.op);
+  if (lent_) lent_ = false, arrive_and_wait(m_, nullptr, call_.what);
+  if (arrival_us_ >= 0) {
+    const auto& me = *current_device();
+    record(trace_event{me.path, std::string(call_.op), std::string(call_.axes), std::string(call_.parameters),
+                       std::string(call_.shape), std::string(call_.dtype), me.entered - 1, arrival_us_, wait_us_,
+                       trace_clock_us() - arrival_us_});
+  }
+}
+
+NAMEDAX_DECL void pointer_exchange::meet_at_release() noexcept {
+  if (!lent_) return;
+  lent_ = false;
+  try {
     communicator& c = *m_.comm;
-    if (copied_) {  // the slots vector is not used: a faster member may already fill it for the next call
-      inline_base_ = c.inline_payloads[c.generation.load(std::memory_order_acquire) % 2].data();
-      std::memcpy(inline_base_ + m_.rank * inline_payload_bytes, mine, bytes);
-    } else {
-      c.slots[m_.rank] = mine;
+    const std::uint32_t gen = c.generation.load(std::memory_order_acquire);
+    {
+      std::lock_guard guard(m_.shared->lock);
+      c.left_by[(gen + 1) % 2] = current_device()->path;
+      c.left_generation[(gen + 1) % 2] = gen + 1;
     }
-    arrive_and_wait(m_, &call_, call_.what, form);
-    lent_ = !copied_;
-    if (arrival_us_ >= 0) wait_us_ = trace_clock_us() - arrival_us_;
-    try {
-      at_fault_point(fault_point::exchanged, call_.op);
-    } catch (...) {  // no destructor runs for an object whose constructor throws
-      meet_at_release();
-      throw;
-    }
+    arrive_and_wait(m_, nullptr, call_.what);
+  } catch (...) {  // timed out: the world is poisoned, and the others are gone too
   }
-  pointer_exchange(const pointer_exchange&) = delete;  // the others hold pointers into it
-  pointer_exchange& operator=(const pointer_exchange&) = delete;
-  ~pointer_exchange() { meet_at_release(); }
-  [[nodiscard]] const void* slot(std::size_t rank) const {
-    return copied_ ? inline_base_ + rank * inline_payload_bytes : m_.comm->slots[rank];
-  }
-  [[nodiscard]] std::size_t rank() const { return m_.rank; }
-  [[nodiscard]] std::size_t size() const { return m_.comm->size; }
-  void release() {
-    at_fault_point(fault_point::reading, call_.op);
-    if (lent_) lent_ = false, arrive_and_wait(m_, nullptr, call_.what);
-    if (arrival_us_ >= 0) {
-      const auto& me = *current_device();
-      record(trace_event{me.path, std::string(call_.op), std::string(call_.axes), std::string(call_.parameters),
-                         std::string(call_.shape), std::string(call_.dtype), me.entered - 1, arrival_us_, wait_us_,
-                         trace_clock_us() - arrival_us_});
-    }
-  }
-
- private:
-  /// The release barrier of a member that leaves early (it unwinds): what it lent stays
-  /// until the others are done reading it.
-  void meet_at_release() noexcept {
-    if (!lent_) return;
-    lent_ = false;
-    try {
-      communicator& c = *m_.comm;
-      const std::uint32_t gen = c.generation.load(std::memory_order_acquire);
-      {
-        std::lock_guard guard(m_.shared->lock);
-        c.left_by[(gen + 1) % 2] = current_device()->path;
-        c.left_generation[(gen + 1) % 2] = gen + 1;
-      }
-      arrive_and_wait(m_, nullptr, call_.what);
-    } catch (...) {  // timed out: the world is poisoned, and the others are gone too
-    }
-  }
-
-  membership m_;
-  collective_call call_;
-  bool copied_;
-  bool lent_ = false;  // the others may read what this member lent, until the release barrier
-  std::byte* inline_base_ = nullptr;
-  double arrival_us_ = -1, wait_us_ = 0;  // arrival_us_ < 0: not traced
-};
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 }  // namespace namedax::detail
