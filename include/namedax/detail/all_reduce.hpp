@@ -265,18 +265,12 @@ struct all_reduce_verb {
  private:
   template <bool Grouped, class X, std::size_t P, class... Names>
   static auto reduce_tree(const X& x, const axis_list<P, Names...>& list, const std::optional<groups_t>& groups) {
-    if constexpr (Traced<X>) {
-      return derivative<rule::all_reduce<K, Grouped>, Verb>::apply(x, list, groups);
-    } else {
     if constexpr (P == 0 && fusable_leaves<K, X, Names...>()) {
       if (auto fused = fused_across_processes<Verb, K, Grouped, X, Names...>(x, groups)) return std::move(*fused);
       if (auto fused = fused_among_threads<Verb, K, Grouped, X, Names...>(x, groups)) return std::move(*fused);
     }
-    return tree_map(x, [&](const auto& leaf) {
-      if constexpr (Traced<decltype(leaf)>) return derivative<rule::all_reduce<K, Grouped>, Verb>::apply(leaf, list, groups);
-      else return all_reduce_leaf<Verb, K, Grouped>(leaf, list, groups);
-    });
-    }
+    auto reduce = [&](const auto& leaf) { return all_reduce_leaf<Verb, K, Grouped>(leaf, list, groups); };
+    return tree_map(x, traced_to_rule<rule::all_reduce<K, Grouped>, Verb>(reduce, list, groups));
   }
 };
 }  // namespace namedax::detail

@@ -33,10 +33,7 @@ template <class Verb, bool Invariant, class X, class A>
 auto gather_tree(const X& x, const A& axes, const all_gather_options& options) {
   auto names = names_only(to_axis_list(axes));
   auto groups = groups_of(options.axis_index_groups);
-  return tree_map(x, [&](const auto& leaf) {
-    if constexpr (Traced<decltype(leaf)>)
-      return derivative<rule::all_gather<Invariant>, Verb>::apply(leaf, axes, options);
-    else
+  auto gather = [&](const auto& leaf) {
     return collective_leaf<Verb, Invariant, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
       constexpr std::string_view verb = Verb::name;
       if (auto out = all_gather_across_processes(verb, in, rank, ax, groups, options.axis, options.tiled))
@@ -45,7 +42,8 @@ auto gather_tree(const X& x, const A& axes, const all_gather_options& options) {
       return share_array(all_gather_rule(verb, std::move(in), rank, ax, groups, options.axis, options.tiled,
                                          groups.has_value()));
     });
-  });
+  };
+  return tree_map(x, traced_to_rule<rule::all_gather<Invariant>, Verb>(gather, axes, options));
 }
 
 /// psum_scatter of every leaf.
@@ -53,17 +51,15 @@ template <class Verb, class X, class A>
 auto psum_scatter_tree(const X& x, const A& axes, const psum_scatter_options& options) {
   auto names = names_only(to_axis_list(axes));
   auto groups = groups_of(options.axis_index_groups);
-  return tree_map(x, [&](const auto& leaf) {
-    if constexpr (Traced<decltype(leaf)>)
-      return derivative<rule::psum_scatter, Verb>::apply(leaf, axes, options);
-    else
+  auto scatter = [&](const auto& leaf) {
     return collective_leaf<Verb, false, true>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
       if (auto out = psum_scatter_across_processes(Verb::name, in, rank, ax, groups, options.scatter_dimension,
                                                    options.tiled))
         return std::move(*out);
       return psum_scatter_rule(Verb::name, std::move(in), rank, ax, groups, options.scatter_dimension, options.tiled);
     });
-  });
+  };
+  return tree_map(x, traced_to_rule<rule::psum_scatter, Verb>(scatter, axes, options));
 }
 
 /// all_to_all of every leaf. pswapaxes is the untiled one with split_axis == concat_axis,
@@ -74,16 +70,15 @@ auto all_to_all_tree(const X& x, const A& axes, int split_axis, int concat_axis,
                      std::string_view split_name = "split_axis") {
   auto names = names_only(to_axis_list(axes));
   auto groups = groups_of(axis_index_groups);
-  return tree_map(x, [&](const auto& leaf) {
-    if constexpr (Traced<decltype(leaf)>)
-      return derivative<rule::all_to_all, Verb>::apply(leaf, axes, split_axis, concat_axis, axis_index_groups, tiled);
-    else
+  auto exchange = [&](const auto& leaf) {
     return collective_leaf<Verb, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
       if (auto out = all_to_all_across_processes(Verb::name, in, rank, ax, groups, split_axis, concat_axis, tiled))
         return std::move(*out);
       return all_to_all_rule(Verb::name, std::move(in), rank, ax, groups, split_axis, concat_axis, tiled, split_name);
     });
-  });
+  };
+  return tree_map(x, traced_to_rule<rule::all_to_all, Verb>(exchange, axes, split_axis, concat_axis,
+                                                            axis_index_groups, tiled));
 }
 
 // Named so that a failing static_assert prints the permutation.
@@ -171,14 +166,13 @@ template <class Verb, class X, class... Names, class PairsOf, class OwningPairsO
 auto permute_tree(const X& x, type_list<Names...> names, PairsOf pairs_of, OwningPairsOf owning_pairs_of) {
   if constexpr (node_movable_by_reference<X>(type_list<Names...>{}))
     if (auto moved = permute_node<Verb>(x, names, pairs_of)) return std::move(*moved);
-  return tree_map(x, [&](const auto& leaf) {
-    if constexpr (Traced<decltype(leaf)>)
-      return derivative<rule::permute, Verb>::apply(leaf, names, pairs_of);
-    else if constexpr (DeferredValue<std::remove_cvref_t<decltype(leaf)>>)
+  auto permute = [&](const auto& leaf) {
+    if constexpr (DeferredValue<std::remove_cvref_t<decltype(leaf)>>)
       return permute_leaf<Verb>(leaf, names, owning_pairs_of());
     else
       return permute_leaf<Verb>(leaf, names, pairs_of);
-  });
+  };
+  return tree_map(x, traced_to_rule<rule::permute, Verb>(permute, names, pairs_of));
 }
 
 /// axis_index over `Names`: the row-major index over them of each position, as int32, once
@@ -236,10 +230,8 @@ struct pvary_verb {
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes) const {
     auto names = names_only(to_axis_list(axes));
-    return tree_map(x, [&](const auto& leaf) {
-      if constexpr (Traced<decltype(leaf)>) return derivative<rule::pvary, Verb>::apply(leaf, axes);
-      else return pvary_leaf<Verb>(leaf, names);
-    });
+    auto vary = [&](const auto& leaf) { return pvary_leaf<Verb>(leaf, names); };
+    return tree_map(x, traced_to_rule<rule::pvary, Verb>(vary, axes));
   }
 };
 /// Whether namedax has a type for pcast's target: only `varying`. Named so that a failing
@@ -251,15 +243,13 @@ inline constexpr bool pcast_target_has_a_type = std::is_same_v<To, pcast_to::var
 template <class Verb, class X, class A>
 auto pbroadcast_tree(const X& x, const A& axes, int source) {
   auto names = names_only(to_axis_list(axes));
-  return tree_map(x, [&](const auto& leaf) {
-    if constexpr (Traced<decltype(leaf)>)
-      return derivative<rule::pbroadcast, Verb>::apply(leaf, axes, source);
-    else
+  auto broadcast = [&](const auto& leaf) {
     return collective_leaf<Verb, true, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
       if (auto out = pbroadcast_across_processes(Verb::name, in, ax, source)) return std::move(*out);
       return pbroadcast_rule(Verb::name, std::move(in), rank, ax, source);
     });
-  });
+  };
+  return tree_map(x, traced_to_rule<rule::pbroadcast, Verb>(broadcast, axes, source));
 }
 
 /// The (extreme value, lowest linear index attaining it) of one leaf, as JAX computes pargmax:

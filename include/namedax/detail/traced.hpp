@@ -25,6 +25,17 @@ namespace detail {
 template <class Rule, class Verb>
 struct derivative;
 
+/// A collective's pytree walk, leaf by leaf: a traced leaf goes to the derivative rule of
+/// `Rule` with `rule_args`, every other leaf to `body`, the walk's own code. The arguments are
+/// held by reference: use the result within the walk's call.
+template <class Rule, class Verb, class Body, class... RuleArgs>
+auto traced_to_rule(const Body& body, const RuleArgs&... rule_args) {
+  return [&](const auto& leaf) {
+    if constexpr (Traced<decltype(leaf)>) return derivative<Rule, Verb>::apply(leaf, rule_args...);
+    else return body(leaf);
+  };
+}
+
 /// `V`, as a type that depends on `Dep`: a verb's own rule is then looked up when the verb is
 /// instantiated, after detail/autodiff.hpp has defined it.
 template <class Dep, class V>
