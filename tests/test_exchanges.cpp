@@ -4,6 +4,8 @@
 // bit for bit on random inputs, and the errors bad input gets.
 #include "test_support.hpp"
 
+#include <atomic>
+
 #include <xtensor/xview.hpp>
 
 using namespace namedax::literals;
@@ -524,6 +526,38 @@ TEST_SUITE("collective matmuls") {
       CHECK_BITWISE(vs, ps);
       CHECK(relative_error(vs, namedax::vmap<"i">(scattered)(x_parts, w_parts)) < 1e-13);
     }
+  }
+
+  TEST_CASE("the rings' in-place update writes into an array held alone, and copies one that is shared") {
+    const xt::xarray<double> x = xt::arange<double>(24).reshape({4, 3, 2});
+    std::atomic<int> in_place{0}, copied{0};  // calls that wrote in place / copied a shared array
+    auto fill = [&](auto v) {
+      auto alone = namedax::eval(v * 1.0);
+      const double* before = alone.payload().data();
+      auto row = namedax::eval(namedax::view(v, xt::range(0, 1)) * 0.0 - 1.0);
+      auto filled =
+          namedax::detail::update_slice_in_place(std::move(alone), row, std::tuple{namedax::axis_index("i"_ax) % 2, 0});
+      in_place += filled.payload().data() == before;
+      auto kept = filled;  // shares filled's array: the next update must not change it
+      auto again = namedax::detail::update_slice_in_place(std::move(filled), namedax::view(kept, xt::range(0, 1)) * 2.0,
+                                                          std::tuple{2, 0});
+      copied += again.payload().data() != kept.payload().data();
+      return std::make_tuple(kept, again);
+    };
+    xt::xarray<double> kept = x, again;
+    for (std::size_t i = 0; i < 4; ++i) xt::view(kept, i, i % 2) = -1.0;
+    again = kept;
+    xt::view(again, xt::all(), 2) = xt::view(kept, xt::all(), 0) * 2.0;
+    auto [vk, va] = namedax::vmap<"i">(fill)(x);
+    CHECK(in_place == 1);
+    CHECK(copied == 1);
+    CHECK_BITWISE(vk, kept);
+    CHECK_BITWISE(va, again);
+    auto [pk, pa] = namedax::pmap<"i">(fill)(x);
+    CHECK(in_place == 5);  // and once on each of the 4 devices
+    CHECK(copied == 5);
+    CHECK_BITWISE(pk, kept);
+    CHECK_BITWISE(pa, again);
   }
 
   TEST_CASE("collective matmuls: bad sizes are errors naming the verb, the axis and the sizes, alike in both modes") {

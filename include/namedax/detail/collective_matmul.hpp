@@ -57,7 +57,7 @@ auto all_gather_matmul_ring(const X& x, const W& w, const A& axis) {
   for (int step = 1; step < n; ++step) {
     block = handle.wait();
     if (step + 1 < n) handle = namedax::async::ppermute(block, axis, ring);
-    out = namedax::dynamic_update_slice(out, block_product(block, w), rows_from(step));
+    out = update_slice_in_place(std::move(out), block_product(block, w), rows_from(step));  // out is the ring's alone
   }
   return out;
 }

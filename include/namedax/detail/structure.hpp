@@ -369,7 +369,13 @@ auto dynamic_slice(const X& x, const Starts& starts, const std::array<std::size_
 template <class T, class U>
 inline constexpr bool update_has_the_value_type = std::is_same_v<T, U>;
 
+/// dynamic_update_slice on resolved operands. With a `target` (update_slice_in_place), y's
+/// payload, which y's caller gave up and holds alone: the update is written into its array
+/// where that already has the result's shape, and the result shares it.
+template <class Target = void>
 struct dynamic_update_slice_op {
+  Target* target = nullptr;
+
   template <class Y, class U, class... Starts>
   auto operator()(const Y& y, const U& update, const Starts&... starts) const {
     using Env = typename merged_env<env<>, Y, U, Starts...>::type;
@@ -399,29 +405,57 @@ struct dynamic_update_slice_op {
     for (const auto& s : all) widen(s.shape());
     std::vector<std::size_t> out_shape = shape;
     out_shape.insert(out_shape.end(), out_trailing.begin(), out_trailing.end());
-    auto out = uninitialized_array<T>(out_shape);
     const auto out_strides = row_major_strides(out_shape);
-    evaluate_into<T>(payload, out_shape, out.data(), out_strides);
+    const bool in_place = [&] {
+      if constexpr (std::is_void_v<Target>) return false;
+      else return std::equal(target->shape().begin(), target->shape().end(), out_shape.begin(), out_shape.end());
+    }();
+    xt::xarray<T> fresh;
+    if (!in_place) {
+      fresh = uninitialized_array<T>(out_shape);
+      evaluate_into<T>(payload, out_shape, fresh.data(), out_strides);
+    }
+    T* const out = [&] {
+      if constexpr (std::is_void_v<Target>) return fresh.data();
+      else return in_place ? target->data() : fresh.data();
+    }();
     xt::xarray<typename decltype(up)::value_type> storage;
     const auto src = block_in_memory<typename decltype(up)::value_type>(up, storage);
     const std::size_t rank = shape.size();
     const std::span<const std::ptrdiff_t> block_strides(out_strides.data(), rank);
     for_each_index(out_trailing, [&](std::span<const std::size_t> v) {
       const auto at = starts_at(all, v, shape, up_shape);
-      T* into = out.data() + trailing_offset(v, out_strides, rank);
+      T* into = out + trailing_offset(v, out_strides, rank);
       for (std::size_t k = 0; k < rank; ++k) into += static_cast<std::ptrdiff_t>(at[k]) * out_strides[k];
       strided_block<typename decltype(up)::value_type> block{src.data + trailing_offset(v, src.strides, rank),
                                                              {up_shape.begin(), up_shape.end()},
                                                              {src.strides.begin(), src.strides.begin() + static_cast<std::ptrdiff_t>(rank)}};
       copy_strided(block, into, block_strides);
     });
-    return make_named<shared_array<T>, Env, varying>(share_array(std::move(out)));
+    if constexpr (!std::is_void_v<Target>)
+      if (in_place) return make_named<shared_array<T>, Env, varying>(y.payload());
+    return make_named<shared_array<T>, Env, varying>(share_array(std::move(fresh)));
   }
 };
 
 template <class X, class U, class Starts>
 auto dynamic_update_slice(const X& x, const U& update, const Starts& starts) {
-  return std::apply([&](const auto&... s) { return when_resolved(dynamic_update_slice_op{}, x, update, s...); }, starts);
+  return std::apply([&](const auto&... s) { return when_resolved(dynamic_update_slice_op<>{}, x, update, s...); },
+                    starts);
+}
+
+/// dynamic_update_slice of a value its caller gives up: where nothing else holds its array and
+/// the result has its shape (the update and starts vary along no other name), the update is
+/// written into that array, as XLA does with a donated buffer; otherwise a copy is updated.
+/// For loops that fill a result block by block (the collective matmul rings).
+template <class T, class Env, axis_mask Varying, class U, class Starts>
+auto update_slice_in_place(named<shared_array<T>, Env, Varying>&& x, const U& update, const Starts& starts) {
+  shared_array<T> payload = std::move(x).payload();
+  if (payload.use_count() != 1)
+    return dynamic_update_slice(make_named<shared_array<T>, Env, Varying>(std::move(payload)), update, starts);
+  const auto held = make_named<shared_array<T>, Env, Varying>(payload);  // shares the array
+  const dynamic_update_slice_op<shared_array<T>> into{&payload};
+  return std::apply([&](const auto&... s) { return when_resolved(into, held, update, s...); }, starts);
 }
 
 // ---------------------------------------------------------------- concat and stack
