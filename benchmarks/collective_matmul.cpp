@@ -5,8 +5,12 @@
 // ppermutes (step s multiplies the block that came from s devices back, then passes it on);
 // the same ring with namedax::async::ppermute, the next block started before the current one
 // is multiplied. Prints each time and the ratios (above 1: the first is faster).
+// Then a stack of layers whose weights are sharded by columns (as FSDP shards them): each
+// layer's weight gathered with a blocking all_gather before its matmul, or with
+// namedax::async::all_gather started one layer ahead, so that the gather of layer l + 1 is in
+// flight while layer l multiplies.
 //
-//   collective_matmul --rows 128,512 --inner 512 --cols 256 --rounds 7
+//   collective_matmul --rows 128,512 --inner 512 --cols 256 --rounds 7 --layers 4
 #include "bench_common.hpp"
 
 #include <namedax/namedax.hpp>
@@ -66,6 +70,29 @@ auto async_ring = [](auto x, auto w) {
 
 // The library's ring, rows in index order: namedax::all_gather_matmul.
 auto library_ring = [](auto x, auto w) { return namedax::all_gather_matmul(x, w, "i"_ax); };
+
+constexpr std::size_t max_layers = 8;
+
+/// y @ w_0 @ w_1 ..., each w_l the column shards of every device gathered (tiled, axis 1).
+template <bool Started>
+auto layer_stack(std::size_t layers) {
+  return [layers](auto y, auto shards) {
+    auto layer = [&](std::size_t l) { return namedax::eval(namedax::take(shards, static_cast<int>(l), 0)); };
+    auto gather = [](auto shard) { return namedax::all_gather(shard, "i"_ax, {.axis = 1, .tiled = true}); };
+    auto out = namedax::eval(y);
+    if constexpr (Started) {
+      auto next = namedax::async::all_gather(layer(0), "i"_ax, {.axis = 1, .tiled = true});
+      for (std::size_t l = 0; l < layers; ++l) {
+        auto w = next.wait();
+        if (l + 1 < layers) next = namedax::async::all_gather(layer(l + 1), "i"_ax, {.axis = 1, .tiled = true});
+        out = namedax::eval(matmul(out, w));
+      }
+    } else {
+      for (std::size_t l = 0; l < layers; ++l) out = namedax::eval(matmul(out, gather(layer(l))));
+    }
+    return out;
+  };
+}
 
 xt::xarray<float> random_blocks(std::vector<std::size_t> shape, unsigned seed) {
   std::mt19937 rng(seed);
@@ -131,10 +158,28 @@ void run_case(std::size_t b, std::size_t k, std::size_t c, int rounds) {
               t_gather / t_async, t_library * 1e3, t_gather / t_library, ok ? "checked" : "MISMATCH", worst);
 }
 
+/// The layer stack: y (b x k per device) through `layers` k x k weights, column-sharded.
+void run_layers(std::size_t b, std::size_t k, std::size_t layers, int rounds) {
+  const auto y = random_blocks({devices, b, k}, 3);
+  auto shards = random_blocks({devices, layers, k, k / devices}, 4);
+  shards /= std::sqrt(float(k));
+  auto blocking = [&] { return xt::xarray<float>(namedax::pmap<"i">(layer_stack<false>(layers))(y, shards)); };
+  auto started = [&] { return xt::xarray<float>(namedax::pmap<"i">(layer_stack<true>(layers))(y, shards)); };
+  const bool ok = same_bits(blocking(), started());
+  double t_blocking = 1e30, t_started = 1e30;
+  for (int round = 0; round < rounds; ++round) {
+    t_blocking = std::min(t_blocking, time_after_pause([&] { sink = blocking()(0, 0, 0); }));
+    t_started = std::min(t_started, time_after_pause([&] { sink = started()(0, 0, 0); }));
+  }
+  std::printf("layers=%zu b=%-5zu k=%-5zu  all_gather then matmul %8.3f ms  async::all_gather a layer ahead %8.3f ms  "
+              "blocking/async %5.2f  %s\n",
+              layers, b, k, t_blocking * 1e3, t_started * 1e3, t_blocking / t_started, ok ? "same bits" : "MISMATCH");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench::options opt(argc, argv, {{"rows", "128,512"}, {"inner", "512"}, {"cols", "256"}, {"rounds", "7"}});
+  bench::options opt(argc, argv, {{"rows", "128,512"}, {"inner", "512"}, {"cols", "256"}, {"rounds", "7"}, {"layers", "4"}});
   const auto rows = bench::parse_list(opt["rows"]);
   const std::size_t k = std::stoull(opt["inner"]), c = std::stoull(opt["cols"]);
   const int rounds = std::stoi(opt["rounds"]);
@@ -142,4 +187,6 @@ int main(int argc, char** argv) {
               "rounds; ratios above 1: async ring faster\n",
               devices, bench::hardware_threads(), rounds);
   for (std::size_t b : rows) run_case(b, k, c, rounds);
+  const std::size_t layers = std::min<std::size_t>(std::stoull(opt["layers"]), max_layers);
+  for (std::size_t b : rows) run_layers(b, k, layers, rounds);
 }

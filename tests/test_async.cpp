@@ -455,7 +455,7 @@ thread_local bool armed = false;
 constexpr const char* point_names[] = {"arrival", "exchanged", "reading", "allocation"};
 
 void inject(fault_point point, std::string_view operation) {
-  if (!armed || point != plan.point || operation != "async::ppermute") return;
+  if (!armed || point != plan.point || !operation.starts_with("async::")) return;
   armed = false;
   ++plan.fired;
   throw std::runtime_error(std::string("injected fault at ") + point_names[static_cast<int>(point)]);
@@ -513,12 +513,15 @@ TEST_SUITE("async") {
               INFO("point ", point_names[static_cast<int>(point)], ", device ", victim, ", step ", step, ", length ",
                    length, pair ? ", a pair" : ", one leaf");
               bool thrown = false;
+              std::string error;
+              INFO(error);
               std::optional<xt::xarray<float>> got;
               try {
                 got = namedax::pmap<"i">(f)(xs);
               } catch (const std::runtime_error& e) {
                 thrown = true;
-                CHECK(contains(e.what(), "injected fault at "));
+                error = e.what();
+                CHECK(contains(error, "injected fault at "));
               }
               ++runs;
               if (plan.fired == 1) {
@@ -539,5 +542,221 @@ TEST_SUITE("async") {
     // A start fails at steps 1 and 2 only (step 0's start comes before the loop); a wait at any.
     CHECK(runs == 72);
     CHECK(faulted == 2 * (2 * 2 * 2 * 2 + 3 * 2 * 2));
+  }
+}
+
+namespace {
+
+/// Every asynchronous collective against its blocking form on one random array mapped along
+/// "i" over n indices: the same type, and the same bits under vmap and pmap. A device computes
+/// between start and wait, and starts a second collective before it waits for the first.
+template <class T>
+void check_collectives_same_as_blocking(std::mt19937& rng, int n) {
+  const std::size_t a = std::uniform_int_distribution<std::size_t>(1, 3)(rng);
+  const std::size_t b = std::uniform_int_distribution<std::size_t>(0, 4)(rng);
+  const std::size_t u = static_cast<std::size_t>(n);
+  const auto xs = namedax_test::random_array<T>(rng, {u, u * a, b});
+  auto same = [&](auto blocking, auto started) {
+    using R = typename decltype(namedax::vmap<"i">(blocking)(xs))::value_type;
+    const xt::xarray<R> expected = namedax::vmap<"i">(blocking)(xs);
+    CHECK_BITWISE(namedax::pmap<"i">(started)(xs), expected);
+    CHECK_BITWISE(namedax::vmap<"i">(started)(xs), expected);
+  };
+  // `blocking(x)` and `start(x)` for one collective with its arguments.
+  auto both = [&](auto blocking, auto start) {
+    same(blocking, [=](auto x) {
+      auto h = start(x);
+      static_assert(std::is_same_v<decltype(h.wait()), decltype(blocking(x))>);
+      auto second = start(x * T(1));  // in flight with the first
+      auto meanwhile = namedax::eval(x + x);
+      (void)meanwhile;
+      auto out = h.wait();
+      CHECK_BITWISE(second.wait().payload(), out.payload());
+      return out;
+    });
+  };
+  both([](auto x) { return namedax::psum(x, "i"_ax); }, [](auto x) { return namedax::async::psum(x, "i"_ax); });
+  both([](auto x) { return namedax::pmean(x, "i"_ax); }, [](auto x) { return namedax::async::pmean(x, "i"_ax); });
+  both([](auto x) { return namedax::pmax(x, "i"_ax); }, [](auto x) { return namedax::async::pmax(x, "i"_ax); });
+  both([](auto x) { return namedax::pmin(x, "i"_ax, {}); }, [](auto x) { return namedax::async::pmin(x, "i"_ax, {}); });
+  both([](auto x) { return namedax::all_gather(x, "i"_ax); },
+       [](auto x) { return namedax::async::all_gather(x, "i"_ax); });
+  both([](auto x) { return namedax::all_gather(x, "i"_ax, {.axis = 1, .tiled = true}); },
+       [](auto x) { return namedax::async::all_gather(x, "i"_ax, {.axis = 1, .tiled = true}); });
+  both([](auto x) { return namedax::psum_scatter(x, "i"_ax, {.tiled = true}); },
+       [](auto x) { return namedax::async::psum_scatter(x, "i"_ax, {.tiled = true}); });
+  both([](auto x) { return namedax::all_to_all(x, "i"_ax, 0, 1, {.tiled = true}); },
+       [](auto x) { return namedax::async::all_to_all(x, "i"_ax, 0, 1, {.tiled = true}); });
+  both([](auto x) { return namedax::pbroadcast(x, "i"_ax, 0); },
+       [](auto x) { return namedax::async::pbroadcast(x, "i"_ax, 0); });
+  std::vector<int> perm(u);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  both([perm](auto x) { return namedax::pshuffle(x, "i"_ax, perm); },
+       [perm](auto x) { return namedax::async::pshuffle(x, "i"_ax, perm); });
+  if (a == 1) {  // the positional dim equals the axis size
+    both([](auto x) { return namedax::psum_scatter(x, "i"_ax, {.scatter_dimension = 0}); },
+         [](auto x) { return namedax::async::psum_scatter(x, "i"_ax, {.scatter_dimension = 0}); });
+    both([](auto x) { return namedax::pswapaxes(x, "i"_ax, 0); },
+         [](auto x) { return namedax::async::pswapaxes(x, "i"_ax, 0); });
+  }
+  if (n == 4) {  // groups: a result typed as varying along the axes
+    const namedax::reduce_options pairs{.axis_index_groups = {{0, 2}, {1, 3}}};
+    both([pairs](auto x) { return namedax::psum(x, "i"_ax, pairs); },
+         [pairs](auto x) { return namedax::async::psum(x, "i"_ax, pairs); });
+    const namedax::all_gather_options gathered{.axis_index_groups = {{3, 1}, {0, 2}}, .tiled = true};
+    both([gathered](auto x) { return namedax::all_gather(x, "i"_ax, gathered); },
+         [gathered](auto x) { return namedax::async::all_gather(x, "i"_ax, gathered); });
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("async collectives") {
+  TEST_CASE("every asynchronous collective gives its blocking form's type and bits under vmap and pmap") {
+    std::mt19937 rng(1204);
+    for (int trial = 0; trial < 12; ++trial) {
+      const int n = std::uniform_int_distribution<int>(1, 5)(rng);
+      INFO("trial ", trial, ", n ", n);
+      if (trial % 3 == 0) check_collectives_same_as_blocking<float>(rng, n);
+      else if (trial % 3 == 1) check_collectives_same_as_blocking<double>(rng, n);
+      else check_collectives_same_as_blocking<std::int32_t>(rng, n);
+    }
+    check_collectives_same_as_blocking<float>(rng, 4);  // with groups
+  }
+
+  TEST_CASE("asynchronous collectives of pytrees, in nested maps, and of bools give the blocking bits") {
+    const xt::xarray<float> xs = namedax_test::random_array<float>(*std::make_unique<std::mt19937>(7), {4, 3, 5});
+    // A pair whose second leaf does not vary along "i" (it meets no device) and a bool sum,
+    // which psum reads as int32 (run at start).
+    auto blocking = [](auto x) {
+      auto [s, m] = namedax::psum(std::pair{x, namedax::pmax(x, "i"_ax)}, "i"_ax);
+      auto [g, h] = namedax::all_gather(std::tuple{x, x * 2.0f}, "i"_ax);
+      auto count = namedax::psum(x > 0.0f, "i"_ax);
+      return namedax::eval(s + m + namedax::sum(g, 0) + namedax::sum(h, 0) + count);
+    };
+    auto started = [](auto x) {
+      auto hp = namedax::async::psum(std::pair{x, namedax::pmax(x, "i"_ax)}, "i"_ax);
+      auto hg = namedax::async::all_gather(std::tuple{x, x * 2.0f}, "i"_ax);
+      auto hc = namedax::async::psum(x > 0.0f, "i"_ax);
+      auto count = hc.wait();
+      auto [g, h] = hg.wait();  // waited in another order than started
+      auto [s, m] = hp.wait();
+      return namedax::eval(s + m + namedax::sum(g, 0) + namedax::sum(h, 0) + count);
+    };
+    const xt::xarray<float> expected = namedax::vmap<"i">(blocking)(xs);
+    CHECK_BITWISE(namedax::pmap<"i">(blocking)(xs), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(started)(xs), expected);
+    CHECK_BITWISE(namedax::vmap<"i">(started)(xs), expected);
+    // Over a device axis and a vectorized one at once: "j" is read in place, "i" from the blocks.
+    auto both_axes = [](auto x) {
+      auto h = namedax::async::psum(x, namedax::axes("i"_ax, "j"_ax));
+      auto g = namedax::async::all_gather(x, namedax::axes("j"_ax, "i"_ax));
+      return namedax::eval(h.wait() + namedax::sum(g.wait(), 0));
+    };
+    auto both_blocking = [](auto x) {
+      return namedax::eval(namedax::psum(x, namedax::axes("i"_ax, "j"_ax)) +
+                           namedax::sum(namedax::all_gather(x, namedax::axes("j"_ax, "i"_ax)), 0));
+    };
+    const xt::xarray<float> nested = namedax::vmap<"i">(namedax::vmap<"j">(both_blocking))(xs);
+    CHECK_BITWISE(namedax::pmap<"i">(namedax::vmap<"j">(both_axes))(xs), nested);
+    CHECK_BITWISE(namedax::vmap<"i">(namedax::pmap<"j">(both_axes))(xs), nested);
+    CHECK_BITWISE(namedax::pmap<"i">(namedax::pmap<"j">(both_axes))(xs), nested);
+  }
+
+  TEST_CASE("asynchronous collectives misused: dropped, waited twice, a device that never starts, different calls") {
+    xt::xarray<float> xs = xt::arange<float>(8).reshape({4, 2});
+    auto dropped = [](auto x) {
+      { auto h = namedax::async::all_gather(x, "i"_ax); }
+      return namedax::psum(x, "i"_ax);
+    };
+    for (const std::string& e : {namedax_test::error_of([&] { namedax::pmap<"i">(dropped)(xs); }),
+                                namedax_test::error_of([&] { namedax::vmap<"i">(dropped)(xs); })}) {
+      INFO(e);
+      CHECK(contains(e, "namedax::async::all_gather over ('i',): a handle was dropped without wait()"));
+    }
+    auto twice = [](auto x) {
+      auto h = namedax::async::psum(x, "i"_ax);
+      auto first = h.wait();
+      return first + h.wait();
+    };
+    for (const std::string& e : {namedax_test::error_of([&] { namedax::pmap<"i">(twice)(xs); }),
+                                namedax_test::error_of([&] { namedax::vmap<"i">(twice)(xs); })}) {
+      INFO(e);
+      CHECK(contains(e, "namedax::async::psum over ('i',): wait() was called on a handle that holds no exchange"));
+    }
+    auto returns = [](auto x) {
+      if (device_index(4) == 1) return namedax::eval(x);
+      return namedax::eval(namedax::async::psum_scatter(x, "i"_ax, {.tiled = true}).wait());
+    };
+    const std::string e1 = namedax_test::error_of([&] { namedax::pmap<"i">(returns)(xs); });
+    INFO(e1);
+    CHECK(contains(e1, "device i=1 returned from the mapped function while device i="));
+    CHECK(contains(e1, "namedax::async::psum_scatter over ('i',)"));
+    // Device 2 gathers along another axis: the receivers compare the calls.
+    auto differs = [](auto x) {
+      auto h = device_index(4) == 2 ? namedax::async::all_gather(x, "i"_ax, {.axis = 1})
+                                    : namedax::async::all_gather(x, "i"_ax);
+      return namedax::eval(namedax::sum(h.wait()));
+    };
+    const std::string e2 = namedax_test::error_of([&] { namedax::pmap<"i">(differs)(xs); });
+    INFO(e2);
+    CHECK(contains(e2, "different asynchronous calls"));
+    CHECK(contains(e2, "async::all_gather over ('i',) at axis 1"));
+    // A bad option is reported by every device's wait, as the blocking collective reports it.
+    auto bad = [](auto x) { return namedax::async::psum_scatter(x, "i"_ax, {.scatter_dimension = 3}).wait(); };
+    const std::string e3 = namedax_test::error_of([&] { namedax::pmap<"i">(bad)(xs); });
+    INFO(e3);
+    CHECK(contains(e3, "scatter_dimension"));
+  }
+
+  TEST_CASE("a device that fails at any point of an asynchronous all-reduce, gather or all_to_all fails the map") {
+    namedax::detail::fault_injection() = &inject;
+    struct restore {
+      ~restore() { namedax::detail::fault_injection() = nullptr; }
+    } restore_hook;
+    int faulted = 0;
+    for (fault_point point : {fault_point::arrival, fault_point::exchanged, fault_point::reading}) {
+      for (int victim : {0, 3}) {
+        for (int verb = 0; verb < 3; ++verb) {
+          plan.point = point;
+          plan.fired = 0;
+          const xt::xarray<float> xs = xt::ones<float>({std::size_t{4}, std::size_t{8}});
+          std::array<std::atomic<int>, 4> failed{};
+          auto f = [&](auto x) {
+            const int d = device_index(4);
+            auto start = [&](auto v) {
+              // Each typed as varying along "i", as the all_to_all's result is.
+              if (verb == 0) return namedax::eval(v + namedax::async::psum(v, "i"_ax).wait());
+              if (verb == 1) return namedax::eval(v + namedax::sum(namedax::async::all_gather(v, "i"_ax).wait(), 0));
+              return namedax::eval(v + namedax::async::all_to_all(v, "i"_ax, 0, 0, {.tiled = true}).wait() * 4.0f);
+            };
+            try {
+              armed = d == victim;
+              auto out = start(x);
+              armed = false;
+              return out;
+            } catch (...) {
+              armed = false;
+              ++failed[static_cast<std::size_t>(d)];
+              throw;
+            }
+          };
+          INFO("point ", point_names[static_cast<int>(point)], ", device ", victim, ", verb ", verb);
+          bool thrown = false;
+          try {
+            namedax::pmap<"i">(f)(xs);
+          } catch (const std::runtime_error& e) {
+            thrown = true;
+            CHECK(contains(e.what(), "injected fault at "));
+          }
+          CHECK(plan.fired == 1);
+          CHECK(thrown);
+          CHECK(failed[static_cast<std::size_t>(victim)] == 1);
+          faulted += plan.fired;
+        }
+      }
+    }
+    CHECK(faulted == 3 * 2 * 3);
   }
 }

@@ -83,4 +83,153 @@ struct ppermute_fn {
 };
 inline constexpr ppermute_fn ppermute{};
 
+namespace detail {
+template <class R>
+handle<R> handle_of(namedax::detail::async_state<R> state) {
+  return handle<R>(std::move(state));
+}
+
+/// The asynchronous form of the blocking collective `Blocking`, called as `Blocking{}(value,
+/// axes, args...)` with the arguments given at start. `Sums`: the blocking one reads bools as
+/// int32. Among device threads, the start leaves each leaf's evaluated payload for every device
+/// along the axes and returns; wait() takes what the others left and computes this device's
+/// result from it with the blocking collective's own rule (namedax::detail::start_collective),
+/// so it is the blocking result bit for bit. Under vmap, among MPI processes, with positional
+/// axes and for deferred values, the blocking collective runs at start.
+template <class Verb, class Blocking, bool Sums>
+struct started {
+  template <class X, class A, class... Args>
+  static auto start(const X& x, const A& axes, std::string_view options, const std::optional<namedax::detail::groups_t>& groups,
+                    const Args&... args) {
+    return handle_of(namedax::detail::start_collective<Verb, Sums>(
+        x, axes, options, groups, [axes, args...](const auto& value) { return Blocking{}(value, axes, args...); }));
+  }
+};
+
+/// psum, pmean, pmax and pmin, with the blocking forms' overloads: `{}` or no options give a
+/// result the same along the axes, reduce_options with groups one that varies.
+template <class Verb, class Blocking, bool Sums>
+struct all_reduce_fn : started<Verb, Blocking, Sums> {
+  template <class X, AxisArgument A>
+  [[nodiscard]] auto operator()(const X& x, const A& axes) const {
+    return this->start(x, axes, "", std::nullopt);
+  }
+  template <class X, AxisArgument A>
+  [[nodiscard]] auto operator()(const X& x, const A& axes, const namedax::detail::reduce_options_without_groups&) const {
+    return this->start(x, axes, "", std::nullopt);
+  }
+  template <class X, AxisArgument A, class Options = reduce_options>
+    requires std::same_as<Options, reduce_options>
+  [[nodiscard]] auto operator()(const X& x, const A& axes, const Options& options) const {
+    return this->start(x, axes, "", namedax::detail::groups_of(options.axis_index_groups), options);
+  }
+};
+}  // namespace detail
+
+/// psum started now and waited later: `auto h = namedax::async::psum(grads, "data"_ax);` ...
+/// `auto total = h.wait();` gives namedax::psum(grads, "data"_ax), bit for bit. Each device
+/// adds up every member's block at wait(), where the blocking psum of a large array shares
+/// that work among the devices: overlap pays when there is work to hide the wait behind.
+struct psum_fn : detail::all_reduce_fn<psum_fn, namedax::psum_fn, true> {
+  static constexpr std::string_view name = "async::psum";
+};
+/// pmean started now and waited later.
+struct pmean_fn : detail::all_reduce_fn<pmean_fn, namedax::pmean_fn, true> {
+  static constexpr std::string_view name = "async::pmean";
+};
+/// pmax started now and waited later.
+struct pmax_fn : detail::all_reduce_fn<pmax_fn, namedax::pmax_fn, false> {
+  static constexpr std::string_view name = "async::pmax";
+};
+/// pmin started now and waited later.
+struct pmin_fn : detail::all_reduce_fn<pmin_fn, namedax::pmin_fn, false> {
+  static constexpr std::string_view name = "async::pmin";
+};
+inline constexpr psum_fn psum{};
+inline constexpr pmean_fn pmean{};
+inline constexpr pmax_fn pmax{};
+inline constexpr pmin_fn pmin{};
+
+/// all_gather started now and waited later, with the blocking form's overloads (no options
+/// or options without groups: a result the same along the axes).
+///   auto h = namedax::async::all_gather(shard, "model"_ax, {.tiled = true});  // FSDP: next layer's weights
+struct all_gather_fn : detail::started<all_gather_fn, namedax::all_gather_fn, false> {
+  static constexpr std::string_view name = "async::all_gather";
+  template <class X, AxisArgument A>
+  [[nodiscard]] auto operator()(const X& x, const A& axes) const {
+    return start(x, axes, namedax::detail::gather_options(0, false), std::nullopt);
+  }
+  template <class X, AxisArgument A>
+  [[nodiscard]] auto operator()(const X& x, const A& axes,
+                                const namedax::detail::all_gather_options_without_groups& options) const {
+    return start(x, axes, namedax::detail::gather_options(options.axis, options.tiled), std::nullopt, options);
+  }
+  template <class X, AxisArgument A, class Options = all_gather_options>
+    requires std::same_as<Options, all_gather_options>
+  [[nodiscard]] auto operator()(const X& x, const A& axes, const Options& options) const {
+    return start(x, axes, namedax::detail::gather_options(options.axis, options.tiled),
+                 namedax::detail::groups_of(options.axis_index_groups), options);
+  }
+};
+inline constexpr all_gather_fn all_gather{};
+
+/// psum_scatter started now and waited later; each device adds up only its own chunk.
+struct psum_scatter_fn : detail::started<psum_scatter_fn, namedax::psum_scatter_fn, true> {
+  static constexpr std::string_view name = "async::psum_scatter";
+  template <class X, AxisArgument A>
+  [[nodiscard]] auto operator()(const X& x, const A& axes, const psum_scatter_options& options = {}) const {
+    return start(x, axes,
+                 namedax::detail::option_text(" at scatter_dimension ", options.scatter_dimension,
+                                              options.tiled ? ", tiled" : ""),
+                 namedax::detail::groups_of(options.axis_index_groups), options);
+  }
+};
+inline constexpr psum_scatter_fn psum_scatter{};
+
+/// all_to_all started now and waited later; each device copies only its own chunks.
+struct all_to_all_fn : detail::started<all_to_all_fn, namedax::all_to_all_fn, false> {
+  static constexpr std::string_view name = "async::all_to_all";
+  template <class X, AxisArgument A>
+  [[nodiscard]] auto operator()(const X& x, const A& axes, int split_axis, int concat_axis,
+                                const all_to_all_options& options = {}) const {
+    return start(x, axes,
+                 namedax::detail::option_text(" with split_axis ", split_axis, " and concat_axis ", concat_axis,
+                                              options.tiled ? ", tiled" : ""),
+                 namedax::detail::groups_of(options.axis_index_groups), split_axis, concat_axis, options);
+  }
+};
+inline constexpr all_to_all_fn all_to_all{};
+
+/// pswapaxes started now and waited later.
+struct pswapaxes_fn : detail::started<pswapaxes_fn, namedax::pswapaxes_fn, false> {
+  static constexpr std::string_view name = "async::pswapaxes";
+  template <class X, AxisArgument A>
+  [[nodiscard]] auto operator()(const X& x, const A& axes, int axis, const pswapaxes_options& options = {}) const {
+    return start(x, axes, namedax::detail::option_text(" with split_axis ", axis, " and concat_axis ", axis),
+                 namedax::detail::groups_of(options.axis_index_groups), axis, options);
+  }
+};
+inline constexpr pswapaxes_fn pswapaxes{};
+
+/// pbroadcast from index `source`, started now and waited later.
+struct pbroadcast_fn : detail::started<pbroadcast_fn, namedax::pbroadcast_fn, false> {
+  static constexpr std::string_view name = "async::pbroadcast";
+  template <class X, AxisArgument A>
+  [[nodiscard]] auto operator()(const X& x, const A& axes, int source) const {
+    return start(x, axes, namedax::detail::source_options(source), std::nullopt, source);
+  }
+};
+inline constexpr pbroadcast_fn pbroadcast{};
+
+/// pshuffle started now and waited later: the output at index i comes from index perm[i]. A
+/// bad perm is reported by wait() (the blocking pshuffle's check), by every device.
+struct pshuffle_fn : detail::started<pshuffle_fn, namedax::pshuffle_fn, false> {
+  static constexpr std::string_view name = "async::pshuffle";
+  template <class X, AxisArgument A>
+  [[nodiscard]] auto operator()(const X& x, const A& axes, const std::vector<int>& perm) const {
+    return start(x, axes, namedax::detail::option_text(" with shuffle ", perm), std::nullopt, perm);
+  }
+};
+inline constexpr pshuffle_fn pshuffle{};
+
 }  // namespace namedax::async

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -109,36 +110,45 @@ struct alignas(64) async_slot {
   }
 };
 
-/// The mailbox of one communicator: async_depth slots per receiver, and per member the count
-/// of asynchronous calls it started and which of its slots have a handle in flight (each
-/// member's own thread alone touches its part).
+/// The mailbox of one communicator: async_depth slots per receiver and lane, and per member
+/// the count of asynchronous calls it started and how many handles it has in flight in each
+/// of its slots (each member's own thread alone touches its part). ppermute's mailbox has one
+/// lane (a receiver has at most one sender per call); the mailbox of the collectives in which
+/// every member sends to every member has a lane per sender.
 struct async_mailbox {
   struct alignas(64) member {
     std::uint32_t started = 0;
-    std::array<bool, async_depth> in_flight{};
+    std::array<std::uint32_t, async_depth> in_flight{};
     std::array<std::string, async_depth> calls;  // its own calls, for mismatch reports
   };
-  std::size_t size;
+  std::size_t size, lanes;
   std::vector<std::string> paths;  // the members' device paths, by rank
   std::string axes;                // "('i',)"
   std::unique_ptr<async_slot[]> slots;
   std::unique_ptr<member[]> members;
 
-  async_mailbox(const communicator& c, std::span<const named_axis> named)
-      : size(c.size), paths(c.member_paths), axes(describe_axes(named)),
-        slots(new async_slot[c.size * async_depth]), members(new member[c.size]) {
-    for (std::size_t k = 0; k < c.size * async_depth; ++k)
-      slots[k].state.store(async_slot::pack(static_cast<std::uint32_t>(k % async_depth), async_slot::free));
+  async_mailbox(const communicator& c, std::span<const named_axis> named, std::size_t lane_count)
+      : size(c.size), lanes(lane_count), paths(c.member_paths), axes(describe_axes(named)),
+        slots(new async_slot[c.size * async_depth * lane_count]), members(new member[c.size]) {
+    for (std::size_t k = 0; k < c.size * async_depth * lanes; ++k)
+      slots[k].state.store(async_slot::pack(static_cast<std::uint32_t>(k / lanes % async_depth), async_slot::free));
   }
-  async_slot& slot(std::size_t receiver, std::uint32_t sequence) {
-    return slots[receiver * async_depth + sequence % async_depth];
+  async_slot& slot(std::size_t receiver, std::uint32_t sequence, std::size_t lane = 0) {
+    return slots[(receiver * async_depth + sequence % async_depth) * lanes + lane];
   }
 };
 
+/// ppermute's mailbox of the communicator of `m`, made by the first member that needs it.
 inline async_mailbox& mailbox_of(const membership& m, std::span<const named_axis> axes) {
   communicator& c = *m.comm;
-  std::call_once(c.mailbox_made, [&] { c.mailbox = std::make_shared<async_mailbox>(c, axes); });
+  std::call_once(c.mailbox_made, [&] { c.mailbox = std::make_shared<async_mailbox>(c, axes, 1); });
   return *c.mailbox;
+}
+/// The mailbox with a lane per sender, for the collectives in which every member sends.
+inline async_mailbox& all_lanes_mailbox_of(const membership& m, std::span<const named_axis> axes) {
+  communicator& c = *m.comm;
+  std::call_once(c.all_lanes_mailbox_made, [&] { c.all_lanes_mailbox = std::make_shared<async_mailbox>(c, axes, c.size); });
+  return *c.all_lanes_mailbox;
 }
 
 /// Waits until `done(state)` holds for `slot`'s state, for the move of device `peer` (the
@@ -193,6 +203,9 @@ std::uint32_t wait_for_peer(world& w, async_slot& slot, Done done, std::string_v
                         " s (NAMEDAX_COLLECTIVE_TIMEOUT) waiting for ", peer.empty() ? std::string("another device") :
                         message("device ", peer));
     }
+    // The peer may have posted, and then returned or blocked elsewhere, after `now` was read:
+    // what it did before the world's lock was taken is seen now.
+    if (trouble && !w.poisoned && done(now = slot.state.load(std::memory_order_acquire))) trouble.reset();
     if (trouble) *trouble += w.recent_collectives(), w.poison(*trouble);
   }
   me.unblock();
@@ -217,10 +230,11 @@ class async_receipt {
  public:
   async_receipt() = default;
   async_receipt(std::shared_ptr<world> w, std::shared_ptr<async_mailbox> box, std::shared_ptr<device_record> device,
-                std::size_t rank, std::uint32_t sequence, long source, std::uint64_t fingerprint, std::string_view verb)
+                std::size_t rank, std::uint32_t sequence, long source, std::uint64_t fingerprint, std::string_view verb,
+                std::size_t lane = 0)
       : world_(std::move(w)), box_(std::move(box)), device_(std::move(device)), rank_(rank), sequence_(sequence),
-        source_(source), fingerprint_(fingerprint), verb_(verb) {
-    box_->members[rank_].in_flight[sequence_ % async_depth] = true;
+        source_(source), fingerprint_(fingerprint), verb_(verb), lane_(lane) {
+    ++box_->members[rank_].in_flight[sequence_ % async_depth];
   }
   async_receipt(async_receipt&& other) noexcept { *this = std::move(other); }
   async_receipt& operator=(async_receipt&& other) noexcept {
@@ -228,7 +242,7 @@ class async_receipt {
       cancel();
       world_ = std::move(other.world_), box_ = std::move(other.box_), device_ = std::move(other.device_);
       rank_ = other.rank_, sequence_ = other.sequence_, source_ = other.source_, fingerprint_ = other.fingerprint_;
-      verb_ = other.verb_;
+      verb_ = other.verb_, lane_ = other.lane_;
     }
     return *this;
   }
@@ -247,7 +261,7 @@ class async_receipt {
   shared_array<T> take(std::span<const std::size_t> shape) {
     check_device();
     auto done = finish_on_exit();
-    async_slot& slot = box_->slot(rank_, sequence_);
+    async_slot& slot = box_->slot(rank_, sequence_, lane_);
     if (source_ < 0) {
       wait_for_peer(*world_, slot, [&](std::uint32_t s) { return async_slot::reached(s, sequence_); }, what(), {});
       pass_over_nothing(slot);
@@ -285,7 +299,7 @@ class async_receipt {
   void cancel() noexcept {
     if (!box_) return;
     auto done = finish_on_exit();
-    async_slot& slot = box_->slot(rank_, sequence_);
+    async_slot& slot = box_->slot(rank_, sequence_, lane_);
     std::uint32_t now = slot.state.load(std::memory_order_acquire);
     while (async_slot::serves(now, sequence_)) {
       if (async_slot::phase_of(now) == async_slot::posted) return slot.pass_on(sequence_);
@@ -314,7 +328,7 @@ class async_receipt {
   struct finish {
     async_receipt* r;
     ~finish() {
-      r->box_->members[r->rank_].in_flight[r->sequence_ % async_depth] = false;
+      --r->box_->members[r->rank_].in_flight[r->sequence_ % async_depth];
       r->box_.reset(), r->world_.reset(), r->device_.reset();
     }
   };
@@ -354,14 +368,16 @@ class async_receipt {
   long source_ = -1;
   std::uint64_t fingerprint_ = 0;
   std::string_view verb_;
+  std::size_t lane_ = 0;  // the sender's, in a mailbox with a lane per sender
 };
 
-/// Leaves this device's block for its receiver: waits only until the receiver's slot serves
-/// this call (the receiver is done with its call async_depth calls earlier).
+/// Leaves this device's block for its receiver (in the sender's `lane`): waits only until the
+/// receiver's slot serves this call (the receiver is done with its call async_depth calls
+/// earlier).
 template <class T>
 void post_block(world& w, async_mailbox& box, std::size_t receiver, std::uint32_t sequence, std::size_t rank,
-                const collective_call& call, const shared_array<T>& block) {
-  async_slot& slot = box.slot(receiver, sequence);
+                const collective_call& call, const shared_array<T>& block, std::size_t lane = 0) {
+  async_slot& slot = box.slot(receiver, sequence, lane);
   std::uint32_t now = wait_for_peer(w, slot, [&](std::uint32_t s) { return async_slot::reached(s, sequence); }, call.what,
                                     box.paths[receiver]);
   for (;;) {
@@ -422,6 +438,38 @@ async_receipt start_permute(std::string_view verb, const shared_array<T>& mine, 
   async_receipt receipt(std::move(w), m.comm->mailbox, me, m.rank, sequence, source, call.fingerprint, verb);
   at_fault_point(fault_point::exchanged, verb);
   return receipt;
+}
+
+/// Starts a collective in which every member sends to every member, among the device threads
+/// spanned by `names` (the device axes of `axes` along which the operand varies): leaves this
+/// device's block for every member, itself included, in its own lane, and appends the
+/// receipts of what the members leave for it, in rank order. `options` and `groups` complete
+/// the signature that the receivers compare, as the blocking collective's frame does.
+template <class T>
+void start_all_lanes(std::vector<async_receipt>& receipts, std::string_view verb, const shared_array<T>& mine,
+                     std::span<const named_axis> axes, std::span<const std::string_view> names,
+                     std::string_view options, const std::optional<groups_t>& groups) {
+  membership m = join(names);
+  async_mailbox& box = all_lanes_mailbox_of(m, axes);
+  auto& self = box.members[m.rank];
+  const auto& me = current_device();
+  const std::uint32_t sequence = self.started;
+  const dims_t shape(mine.shape().begin(), mine.shape().end());
+  const collective_call call = call_of<T>(verb, axes, options, groups, shape);
+  if (self.in_flight[sequence % async_depth])
+    fail(call.what, ": device ", me->path, " starts an exchange while the one it started ", async_depth,
+         " calls earlier over the same axes is still in flight; at most ", async_depth,
+         " may be in flight at once: call wait() on the oldest handle first");
+  me->enter(call.signature);
+  self.calls[sequence % async_depth].assign(call.signature);
+  at_fault_point(fault_point::arrival, verb);
+  std::shared_ptr<world> w = find_frame(names.front())->shared;
+  for (std::size_t r = 0; r < box.size; ++r) post_block(*w, box, r, sequence, m.rank, call, mine, m.rank);
+  self.started = (sequence + 1) & async_slot::sequence_mask;
+  for (std::size_t s = 0; s < box.size; ++s)
+    receipts.emplace_back(w, m.comm->all_lanes_mailbox, me, m.rank, sequence, static_cast<long>(s), call.fingerprint,
+                          verb, s);
+  at_fault_point(fault_point::exchanged, verb);
 }
 
 /// This process's side of an asynchronous ppermute among MPI processes: the pending
@@ -524,12 +572,19 @@ class async_state {
       : what_(what), process_(std::move(receipt)), receive_(receive) {
     note_caller();
   }
+  /// The receipts of a collective in which every member sends (start_all_lanes), and how to
+  /// make the result from them.
+  using finish_fn = std::function<R(std::vector<async_receipt>&)>;
+  async_state(std::string (*what)(), std::vector<async_receipt> lanes, finish_fn finish)
+      : what_(what), lanes_(std::move(lanes)), finish_(std::move(finish)) {
+    note_caller();
+  }
   async_state(async_state&& other) noexcept { *this = std::move(other); }
   async_state& operator=(async_state&& other) {
     if (this != &other) {
       drop();
       what_ = other.what_, value_ = std::move(other.value_), receipts_ = std::move(other.receipts_);
-      process_ = std::move(other.process_);
+      process_ = std::move(other.process_), lanes_ = std::move(other.lanes_), finish_ = std::move(other.finish_);
       shapes_ = std::move(other.shapes_), receive_ = other.receive_, device_ = std::move(other.device_);
       exceptions_ = other.exceptions_;
       other.value_.reset(), other.receive_ = nullptr;
@@ -539,8 +594,9 @@ class async_state {
   ~async_state() = default;
 
   [[nodiscard]] bool pending() const {
-    return value_.has_value() || process_.active() ||
-           std::any_of(receipts_.begin(), receipts_.end(), [](const async_receipt& r) { return r.active(); });
+    auto active = [](const async_receipt& r) { return r.active(); };
+    return value_.has_value() || process_.active() || std::any_of(receipts_.begin(), receipts_.end(), active) ||
+           std::any_of(lanes_.begin(), lanes_.end(), active);
   }
 
   R wait() {
@@ -548,6 +604,7 @@ class async_state {
       fail(what_ ? what_() : std::string("namedax::async"), ": wait() was called on a handle that holds no exchange",
            where(), " (it was waited already, or moved from); call wait() once on each started handle");
     if (value_) return std::exchange(value_, std::nullopt).value();
+    if (finish_) return finish_(lanes_);
     return receive_(receipts_, process_, shapes_);
   }
 
@@ -556,6 +613,7 @@ class async_state {
   void drop() {
     if (!pending()) return;
     for (auto& r : receipts_) r.cancel();
+    for (auto& r : lanes_) r.cancel();
     process_.cancel();
     value_.reset();
     if (std::uncaught_exceptions() > exceptions_) return;
@@ -576,6 +634,8 @@ class async_state {
   shapes shapes_;
   process_receipt process_;
   receive_fn receive_ = nullptr;
+  std::vector<async_receipt> lanes_;
+  finish_fn finish_;
   std::shared_ptr<device_record> device_;
   int exceptions_ = 0;
 };
@@ -692,6 +752,107 @@ auto start_ppermute(const X& x, const A& axes, const permutation_t& perm) {
     }
     return async_state<R>(what, namedax::ppermute(x, axes, perm));
   }(names_only(to_axis_list(axes)));
+}
+
+/// Whether the blocking collective's frames read every leaf of X as its evaluated payload, so
+/// that what a start leaves is what they would exchange: named values, none deferred, and no
+/// bool that a sum (`Sums`) reads as int32.
+template <class X, bool Sums>
+constexpr bool leaves_sent_as_they_are() {
+  using leaves = decltype(tree_leaves(std::declval<const X&>()));
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return ([]<class L>(std::type_identity<L>) {
+      if constexpr (NamedValue<L>) return !(Sums && std::is_same_v<typename L::value_type, bool>);
+      else return false;
+    }(std::type_identity<std::remove_cvref_t<std::tuple_element_t<I, leaves>>>{}) && ...);
+  }(std::make_index_sequence<std::tuple_size_v<leaves>>{});
+}
+
+/// The device axes among `Names` along which leaf L varies, which its frame meets (none: it
+/// meets no device), when all are axes of device threads; nothing when one is of processes.
+template <class Verb, class L, class... Names>
+std::optional<xt::svector<std::string_view, 8>> met_among_threads() {
+  xt::svector<std::string_view, 8> names;
+  for (const auto& ax : describe_named_axes<L, Names...>(Verb::name)) {
+    if (ax.place != placement::devices || !ax.varies) continue;
+    const frame* f = find_frame(ax.name);
+    if (!f->shared || f->processes) return std::nullopt;
+    names.push_back(ax.name);
+  }
+  return names;
+}
+
+/// Starts the collective that `run(x)` computes (a blocking collective with its axes and
+/// options bound; `options` and `groups` as its frames write them into their signature).
+/// Among device threads, when every leaf is sent as it is (leaves_sent_as_they_are) and
+/// meets devices on threads only, each leaf that meets any leaves its evaluated payload for
+/// every member at once (start_all_lanes); wait() takes the members' blocks and runs `run` on
+/// the evaluated leaves with those blocks as their members (received_members), so that it
+/// gives the blocking collective's result bit for bit without meeting the devices again.
+/// Every other case (vmap, processes, positional axes, deferred values) runs `run(x)` now.
+template <class Verb, bool Sums, class X, class A, class Run>
+auto start_collective(const X& x, const A& axes, std::string_view options, const std::optional<groups_t>& groups,
+                      Run run) {
+  static_assert(!Traced<X>, "namedax::grad: asynchronous collectives have no derivative rule; in a differentiated "
+                            "function use the blocking collective, whose rule is its transpose");
+  using R = decltype(run(x));
+  return [&]<std::size_t P, class... Names>(const axis_list<P, Names...>&) {
+    std::string (*what)() = &async_what<Verb, Names...>;
+    if constexpr (P == 0 && leaves_sent_as_they_are<X, Sums>()) {
+      using held_type = decltype(tree_map(x, [](const auto& leaf) { return namedax::eval(leaf); }));
+      if constexpr (std::is_same_v<decltype(run(std::declval<const held_type&>())), R>) {
+        std::vector<std::size_t> met;  // per leaf: how many members its frame meets (0: none)
+        bool on_threads = current_device() != nullptr && !members_received();
+        tree_for_each(x, [&]<class L>(const L&) {
+          auto names = met_among_threads<Verb, L, Names...>();
+          on_threads = on_threads && names;
+          std::size_t members = names && !names->empty();
+          if (names)
+            for (std::string_view name : *names) members *= find_frame(name)->size;
+          met.push_back(members);
+        });
+        if (on_threads && std::any_of(met.begin(), met.end(), [](std::size_t n) { return n > 0; })) {
+          const std::string text(options);  // option_text's buffer is reused by the calls below
+          held_type held = tree_map(x, [](const auto& leaf) { return namedax::eval(leaf); });
+          std::vector<async_receipt> lanes;
+          std::size_t leaf = 0;
+          tree_for_each(held, [&]<class L>(const L& v) {
+            if (met[leaf++] == 0) return;
+            const auto named = describe_named_axes<L, Names...>(Verb::name);
+            const auto names = *met_among_threads<Verb, L, Names...>();
+            start_all_lanes<typename L::value_type>(lanes, Verb::name, v.payload(), named, names, text, groups);
+          });
+          auto finish = [held = std::move(held), run, met](std::vector<async_receipt>& receipts) -> R {
+            received_members received;
+            std::vector<std::shared_ptr<const void>> kept;  // the members' blocks, while `run` reads them
+            std::size_t leaf = 0, lane = 0;
+            tree_for_each(held, [&]<class L>(const L& v) {
+              const std::size_t n = met[leaf++];
+              if (n == 0) return;
+              auto& entry = received.entries.emplace_back();
+              entry.shape.assign(v.payload().shape().begin(), v.payload().shape().end());
+              entry.mine = v.payload().data();
+              for (std::size_t k = 0; k < n; ++k) {
+                auto block = receipts[lane++].template take<typename L::value_type>(entry.shape);
+                entry.members.push_back(block.data());
+                kept.push_back(std::make_shared<const decltype(block)>(std::move(block)));
+              }
+            });
+            struct installed {
+              received_members* previous;
+              ~installed() { members_received() = previous; }
+            } scope{std::exchange(members_received(), &received)};
+            R out = run(held);
+            if (received.taken != received.entries.size())
+              fail(async_what<Verb, Names...>(), ": internal error: the wait read fewer blocks than the start left");
+            return out;
+          };
+          return async_state<R>(what, std::move(lanes), std::move(finish));
+        }
+      }
+    }
+    return async_state<R>(what, run(x));
+  }(to_axis_list(axes));
 }
 
 }  // namespace namedax::detail

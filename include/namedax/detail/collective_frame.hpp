@@ -13,6 +13,7 @@
 
 #include <xtensor/xarray.hpp>
 
+#include <algorithm>
 #include <climits>
 #include <complex>
 #include <memory>
@@ -248,6 +249,29 @@ dims_t with_axis_dims(dims_t shape, std::size_t positional_rank, std::span<const
   return shape;
 }
 
+/// What an asynchronous collective's start left for this device (detail/async.hpp): per leaf
+/// that meets other devices, every member's block (row-major, indexed as the rendezvous
+/// indexes them), this device's own among them, and the shape they share. While a wait() runs
+/// the blocking collective on what was started, each collective_frame that would meet the
+/// other devices takes the entry of its operand (its own block: the order in which a pytree's
+/// leaves are computed is the compiler's), and the paths that would meet them otherwise stand
+/// aside (thread_axes gives nothing): the wait computes what the blocking call computes, from
+/// the same members, with the same rule.
+struct received_members {
+  struct entry {
+    std::vector<const void*> members;  // empty once a frame took them
+    const void* mine;
+    dims_t shape;
+  };
+  std::vector<entry> entries;
+  std::size_t taken = 0;
+};
+/// The received members this thread's collective frames read, when a wait() runs; else null.
+inline received_members*& members_received() {
+  thread_local received_members* installed = nullptr;
+  return installed;
+}
+
 /// The members of one collective call on this caller (a device thread or the vmap caller).
 template <class T>
 class collective_frame {
@@ -270,7 +294,19 @@ class collective_frame {
       if (ax.place == placement::devices && ax.varies)
         (find_frame(ax.name)->processes ? across_processes : exchanged).push_back(ax.name);
     if (exchanged.empty() && across_processes.empty()) return;
+    const void* operand = in_.data;
     make_row_major(in_, contiguous_);
+    if (received_members* received = members_received(); received && across_processes.empty()) {
+      auto& entries = received->entries;
+      auto it = std::find_if(entries.begin(), entries.end(), [&](const received_members::entry& e) {
+        return !e.members.empty() && e.mine == operand && e.shape == in_.shape;
+      });
+      if (it == entries.end())
+        fail("namedax::", verb, ": internal error: the blocks an asynchronous collective started do not match its wait");
+      lent_ = std::exchange(it->members, {});
+      ++received->taken;
+      return;
+    }
     collective_call call = call_of<T>(verb, axes_, options, groups, in_.shape);
     if (across_processes.empty())
       exchange_.emplace(join(exchanged), in_.data, std::move(call), element_count(in_.shape) * sizeof(T));
@@ -303,6 +339,8 @@ class collective_frame {
       std::size_t t = 0;
       for (std::size_t k = 0; k < thread.size(); ++k) t = t * thread_size_[k] + thread[k];
       base = static_cast<const T*>(exchange_->slot(0)) + (device * thread_size_total_ + t) * member_stride_;
+    } else if (!lent_.empty()) {
+      base = static_cast<const T*>(lent_[device]);
     } else if (exchange_) {
       base = static_cast<const T*>(exchange_->slot(device));
     } else if (member_stride_ > 0) {
@@ -423,6 +461,7 @@ class collective_frame {
   dims_t member_shape_;
   xt::xarray<T> contiguous_ = empty_array<T>();
   std::optional<pointer_exchange> exchange_;
+  std::vector<const void*> lent_;  // the members an asynchronous start left (received_members)
   xt::xarray<T> gathered_ = empty_array<T>();  // members from other processes, member_stride_ elements each
   std::size_t member_stride_ = 0;  // 0: nothing gathered
   // The funnel of device threads inside a process: the thread axes in scope, this thread's

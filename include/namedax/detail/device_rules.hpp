@@ -25,8 +25,10 @@ namespace namedax::detail {
 inline constexpr std::size_t chunked_reduction_bytes = std::size_t{256} << 10;
 
 /// The names of `axes` when every one is an axis of device threads along which the operand
-/// varies (the case of the shared outputs here and of ppermute by reference); else nothing.
+/// varies (the case of the shared outputs here and of ppermute by reference); else nothing,
+/// and nothing while a wait() reads the members an asynchronous start left (received_members).
 inline std::optional<xt::svector<std::string_view, 8>> thread_axes(std::span<const named_axis> axes) {
+  if (members_received()) return std::nullopt;
   xt::svector<std::string_view, 8> names;
   for (const auto& ax : axes) {
     if (ax.place != placement::devices || !ax.varies || !find_frame(ax.name)->shared) return std::nullopt;

@@ -116,9 +116,10 @@ struct communicator {
   std::uint32_t left_generation[2] = {0, 0};
   std::string left_by[2];
   // Where asynchronous collectives among these devices leave their blocks (detail/async.hpp),
-  // made by the first member that starts one. Shared: a handle keeps it while it lives.
-  std::once_flag mailbox_made;
-  std::shared_ptr<async_mailbox> mailbox;
+  // made by the first member that starts one: ppermute's, and the one with a lane per sender.
+  // Shared: a handle keeps its mailbox while it lives.
+  std::once_flag mailbox_made, all_lanes_mailbox_made;
+  std::shared_ptr<async_mailbox> mailbox, all_lanes_mailbox;
 };
 
 /// This device's communicator over the device axes `names` (given order) and its rank in it,
