@@ -14,7 +14,8 @@
 # of namedax over MPI against the raw MPI calls (benchmarks/mpi_overhead.cpp), with namedax's
 # per-call agreement on and off. Also the local reductions (benchmarks/local_ops.cpp) and the
 # contractions through OpenBLAS (benchmarks/contractions.cpp), each against same-run baselines, and a
-# collective matmul on 4 devices with an async::ppermute ring (benchmarks/collective_matmul.cpp).
+# collective matmul on 4 devices with an async::ppermute ring and a layer stack whose weights
+# async::all_gather fetches a layer ahead (benchmarks/collective_matmul.cpp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -801,33 +801,38 @@ auto start_collective(const X& x, const A& axes, std::string_view options, const
     if constexpr (P == 0 && leaves_sent_as_they_are<X, Sums>()) {
       using held_type = decltype(tree_map(x, [](const auto& leaf) { return namedax::eval(leaf); }));
       if constexpr (std::is_same_v<decltype(run(std::declval<const held_type&>())), R>) {
-        std::vector<std::size_t> met;  // per leaf: how many members its frame meets (0: none)
+        // Per leaf: the device axes its frame meets and how many members they span (0: none).
+        struct meeting {
+          xt::svector<std::string_view, 8> names;
+          std::size_t members = 0;
+        };
+        std::vector<meeting> met;
         bool on_threads = current_device() != nullptr && !members_received();
         tree_for_each(x, [&]<class L>(const L&) {
-          auto names = met_among_threads<Verb, L, Names...>();
+          const auto names = met_among_threads<Verb, L, Names...>();
           on_threads = on_threads && names;
-          std::size_t members = names && !names->empty();
-          if (names)
-            for (std::string_view name : *names) members *= find_frame(name)->size;
-          met.push_back(members);
+          meeting& m = met.emplace_back();
+          if (!names || names->empty()) return;
+          m.names = *names, m.members = 1;
+          for (std::string_view name : m.names) m.members *= find_frame(name)->size;
         });
-        if (on_threads && std::any_of(met.begin(), met.end(), [](std::size_t n) { return n > 0; })) {
+        if (on_threads && std::any_of(met.begin(), met.end(), [](const meeting& m) { return m.members > 0; })) {
           const std::string text(options);  // option_text's buffer is reused by the calls below
           held_type held = tree_map(x, [](const auto& leaf) { return namedax::eval(leaf); });
           std::vector<async_receipt> lanes;
           std::size_t leaf = 0;
           tree_for_each(held, [&]<class L>(const L& v) {
-            if (met[leaf++] == 0) return;
-            const auto named = describe_named_axes<L, Names...>(Verb::name);
-            const auto names = *met_among_threads<Verb, L, Names...>();
-            start_all_lanes<typename L::value_type>(lanes, Verb::name, v.payload(), named, names, text, groups);
+            const meeting& m = met[leaf++];
+            if (m.members == 0) return;
+            start_all_lanes<typename L::value_type>(lanes, Verb::name, v.payload(),
+                                                    describe_named_axes<L, Names...>(Verb::name), m.names, text, groups);
           });
           auto finish = [held = std::move(held), run, met](std::vector<async_receipt>& receipts) -> R {
             received_members received;
             std::vector<std::shared_ptr<const void>> kept;  // the members' blocks, while `run` reads them
             std::size_t leaf = 0, lane = 0;
             tree_for_each(held, [&]<class L>(const L& v) {
-              const std::size_t n = met[leaf++];
+              const std::size_t n = met[leaf++].members;
               if (n == 0) return;
               auto& entry = received.entries.emplace_back();
               entry.shape.assign(v.payload().shape().begin(), v.payload().shape().end());
