@@ -178,9 +178,7 @@ struct psum_scatter_fn : detail::started<psum_scatter_fn, namedax::psum_scatter_
   static constexpr std::string_view name = "async::psum_scatter";
   template <class X, AxisArgument A>
   [[nodiscard]] auto operator()(const X& x, const A& axes, const psum_scatter_options& options = {}) const {
-    return start(x, axes,
-                 namedax::detail::option_text(" at scatter_dimension ", options.scatter_dimension,
-                                              options.tiled ? ", tiled" : ""),
+    return start(x, axes, namedax::detail::scatter_options(options.scatter_dimension, options.tiled),
                  namedax::detail::groups_of(options.axis_index_groups), options);
   }
 };
@@ -192,9 +190,7 @@ struct all_to_all_fn : detail::started<all_to_all_fn, namedax::all_to_all_fn, fa
   template <class X, AxisArgument A>
   [[nodiscard]] auto operator()(const X& x, const A& axes, int split_axis, int concat_axis,
                                 const all_to_all_options& options = {}) const {
-    return start(x, axes,
-                 namedax::detail::option_text(" with split_axis ", split_axis, " and concat_axis ", concat_axis,
-                                              options.tiled ? ", tiled" : ""),
+    return start(x, axes, namedax::detail::split_options(split_axis, concat_axis, options.tiled),
                  namedax::detail::groups_of(options.axis_index_groups), split_axis, concat_axis, options);
   }
 };
@@ -205,7 +201,7 @@ struct pswapaxes_fn : detail::started<pswapaxes_fn, namedax::pswapaxes_fn, false
   static constexpr std::string_view name = "async::pswapaxes";
   template <class X, AxisArgument A>
   [[nodiscard]] auto operator()(const X& x, const A& axes, int axis, const pswapaxes_options& options = {}) const {
-    return start(x, axes, namedax::detail::option_text(" with split_axis ", axis, " and concat_axis ", axis),
+    return start(x, axes, namedax::detail::split_options(axis, axis, false),
                  namedax::detail::groups_of(options.axis_index_groups), axis, options);
   }
 };

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // namedax::async::ppermute over MPI processes, run under mpirun: MPI_Isend and MPI_Irecv at
 // the start, MPI_Wait at wait(); the same bits as vmap of the blocking ppermute, rings with two
-// handles in flight, and a handle dropped on one process reported on every process.
+// handles in flight, and a handle dropped on one process reported on every process. The other
+// asynchronous collectives, which run at the start over processes: the blocking bits.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../test_support.hpp"
 
@@ -117,6 +118,36 @@ TEST_SUITE("async over MPI") {
     auto g = [n](auto v) { return namedax::async::ppermute(v, "i"_ax, ring(n)).wait(); };
     CHECK_BITWISE(namedax::mpi::pmap<"i">(g)(x),
                   namedax::vmap<"i">([n](auto v) { return namedax::ppermute(v, "i"_ax, ring(n)); })(x));
+  }
+
+  TEST_CASE("the other asynchronous collectives over processes run at the start and give the blocking bits") {
+    const std::size_t n = processes;
+    std::mt19937 rng(12);
+    const auto x = namedax_test::random_array<float>(rng, {n, 2 * n, 3});
+    auto blocking = [](auto v) {
+      return namedax::eval(namedax::psum(v, "i"_ax) + namedax::pmax(v, "i"_ax) +
+                           namedax::sum(namedax::all_gather(v, "i"_ax), 0) +
+                           namedax::all_to_all(v, "i"_ax, 0, 0, {.tiled = true}));
+    };
+    auto started = [](auto v) {
+      auto s = namedax::async::psum(v, "i"_ax);
+      auto m = namedax::async::pmax(v, "i"_ax);
+      auto g = namedax::async::all_gather(v, "i"_ax);
+      auto a = namedax::async::all_to_all(v, "i"_ax, 0, 0, {.tiled = true});
+      return namedax::eval(s.wait() + m.wait() + namedax::sum(g.wait(), 0) + a.wait());
+    };
+    CHECK_BITWISE(namedax::mpi::pmap<"i">(started)(x), namedax::mpi::pmap<"i">(blocking)(x));
+    // A handle dropped on one process is the same error as for async::ppermute.
+    auto dropped = [](auto v) {
+      auto h = namedax::async::psum_scatter(v, "i"_ax, {.tiled = true});
+      if (namedax::axis_index("i"_ax) == 1) return namedax::eval(v);  // drops h
+      const auto chunk = h.wait();
+      CHECK(chunk.payload().shape()[0] == 2);
+      return namedax::eval(v);
+    };
+    const std::string e = namedax_test::error_of([&] { namedax::mpi::pmap<"i">(dropped)(x); });
+    INFO(e);
+    CHECK(e.find("namedax::async::psum_scatter over ('i',): a handle was dropped without wait()") != std::string::npos);
   }
 }
 

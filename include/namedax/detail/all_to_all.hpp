@@ -8,13 +8,17 @@
 
 namespace namedax::detail {
 
+/// all_to_all's options in the user's words, as its call's signature shows them.
+inline std::string_view split_options(int split_axis, int concat_axis, bool tiled) {
+  return option_text(" with split_axis ", split_axis, " and concat_axis ", concat_axis, tiled ? ", tiled" : "");
+}
+
 template <class T>
 xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
                               std::span<const named_axis> axes, const std::optional<groups_t>& groups, int split_axis,
                               int concat_axis, bool tiled, std::string_view split_name = "split_axis") {
   collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true,
-                            option_text(" with split_axis ", split_axis, " and concat_axis ", concat_axis,
-                                        tiled ? ", tiled" : ""));
+                            split_options(split_axis, concat_axis, tiled));
   const std::size_t g = frame.groups().members.front().size();
   dims_t positional(frame.in_shape().begin(), frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
   const std::size_t split = positional_axis(verb, split_name, split_axis, positional_rank, axes);

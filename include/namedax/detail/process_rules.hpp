@@ -8,9 +8,11 @@
 // IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
+#include <namedax/detail/all_to_all.hpp>
 #include <namedax/detail/collective_frame.hpp>
 #include <namedax/detail/pbroadcast.hpp>
 #include <namedax/detail/ppermute.hpp>
+#include <namedax/detail/psum_scatter.hpp>
 
 #include <cstring>
 #include <optional>
@@ -83,7 +85,7 @@ std::optional<xt::xarray<T>> all_gather_across_processes(std::string_view verb, 
                                                          std::size_t positional_rank, std::span<const named_axis> axes,
                                                          const std::optional<groups_t>& groups, int axis, bool tiled) {
   if (axis != 0 || (tiled && positional_rank == 0)) return std::nullopt;
-  auto call = whole_payloads<T>(verb, in, axes, groups, true, option_text(" with axis ", axis, tiled ? ", tiled" : ""));
+  auto call = whole_payloads<T>(verb, in, axes, groups, true, gather_options(axis, tiled));
   if (!call) return std::nullopt;
   dims_t shape = call->in.shape;
   const std::size_t g = call->channel->size();
@@ -105,7 +107,7 @@ std::optional<xt::xarray<T>> psum_scatter_across_processes(std::string_view verb
   if (scatter_dimension != 0 || positional_rank == 0 || !groups_divide(in.shape[0], axes, groups, tiled))
     return std::nullopt;
   auto call = whole_payloads<T>(verb, in, axes, groups, true,
-                                option_text(" with scatter_dimension ", scatter_dimension, tiled ? ", tiled" : ""));
+                                scatter_options(scatter_dimension, tiled));
   if (!call) return std::nullopt;
   dims_t shape = call->in.shape;
   const std::size_t g = call->channel->size();
@@ -127,8 +129,7 @@ std::optional<xt::xarray<T>> all_to_all_across_processes(std::string_view verb, 
   if (split_axis != 0 || concat_axis != 0 || positional_rank == 0 || !groups_divide(in.shape[0], axes, groups, tiled))
     return std::nullopt;
   auto call = whole_payloads<T>(verb, in, axes, groups, true,
-                                option_text(" with split_axis ", split_axis, " and concat_axis ", concat_axis,
-                                        tiled ? ", tiled" : ""));
+                                split_options(split_axis, concat_axis, tiled));
   if (!call) return std::nullopt;
   auto out = uninitialized_array<T>(call->in.shape);  // chunk k of every member lands at k: same shape
   call_keeping([&] { call->channel->alltoall(call->in.data, out.data(), out.size() / call->channel->size() * sizeof(T)); },

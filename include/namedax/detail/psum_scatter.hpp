@@ -9,12 +9,17 @@
 
 namespace namedax::detail {
 
+/// psum_scatter's options in the user's words, as its call's signature shows them.
+inline std::string_view scatter_options(int scatter_dimension, bool tiled) {
+  return option_text(" at scatter_dimension ", scatter_dimension, tiled ? ", tiled" : "");
+}
+
 template <class T>
 xt::xarray<T> psum_scatter_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
                                 std::span<const named_axis> axes, const std::optional<groups_t>& groups,
                                 int scatter_dimension, bool tiled) {
   collective_frame<T> frame(verb, std::move(in), positional_rank, axes, groups, true,
-                            option_text(" at scatter_dimension ", scatter_dimension, tiled ? ", tiled" : ""));
+                            scatter_options(scatter_dimension, tiled));
   const std::size_t g = frame.groups().members.front().size();
   dims_t positional(frame.in_shape().begin(), frame.in_shape().begin() + static_cast<std::ptrdiff_t>(positional_rank));
   const std::size_t d = positional_axis(verb, "scatter_dimension", scatter_dimension, positional_rank, axes);
