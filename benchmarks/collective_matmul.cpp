@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
-// A collective matmul on 4 pmap devices: every device holds a block of b rows of x (b x k)
-// and a block of c columns of w (k x c), and computes all_gather(x) @ w (4b x c). Three ways,
+// A collective matmul on n = 4 and 8 pmap devices (--devices): every device holds a block of b
+// rows of x (b x k) and a block of c columns of w (k x c), and computes all_gather(x) @ w
+// (n b x c). Three ways,
 // timed in alternating rounds of the same run: all_gather then one matmul; a ring of blocking
 // ppermutes (step s multiplies the block that came from s devices back, then passes it on);
 // the same ring with namedax::async::ppermute, the next block started before the current one
@@ -10,7 +11,7 @@
 // namedax::async::all_gather started one layer ahead, so that the gather of layer l + 1 is in
 // flight while layer l multiplies.
 //
-//   collective_matmul --rows 128,512 --inner 512 --cols 256 --rounds 7 --layers 4
+//   collective_matmul --rows 128,512 --inner 512 --cols 256 --rounds 7 --layers 4 --devices 4,8
 #include "bench_common.hpp"
 
 #include <namedax/namedax.hpp>
@@ -28,10 +29,14 @@ using namespace namedax::literals;
 
 namespace {
 
-constexpr std::size_t devices = 4;
 volatile float sink;
 
-const std::vector<std::pair<int, int>> ring{{0, 1}, {1, 2}, {2, 3}, {3, 0}};
+/// Index d sends to d + 1 (mod n).
+std::vector<std::pair<int, int>> ring_pairs(std::size_t n) {
+  std::vector<std::pair<int, int>> pairs;
+  for (std::size_t d = 0; d < n; ++d) pairs.emplace_back(static_cast<int>(d), static_cast<int>((d + 1) % n));
+  return pairs;
+}
 
 auto matmul = [](const auto& a, const auto& b) { return namedax::xeinsum<"ij,jk->ik">(a, b); };
 
@@ -39,34 +44,26 @@ auto gather_then_multiply = [](auto x, auto w) {
   return namedax::eval(matmul(namedax::all_gather(x, "i"_ax, {.tiled = true}), w));
 };
 
-/// Step s multiplies the block of device (d - s) mod 4; the parts stack in step order.
-auto blocking_ring = [](auto x, auto w) {
-  auto b0 = namedax::eval(x);
-  auto p0 = matmul(b0, w);
-  auto b1 = namedax::ppermute(b0, "i"_ax, ring);
-  auto p1 = matmul(b1, w);
-  auto b2 = namedax::ppermute(b1, "i"_ax, ring);
-  auto p2 = matmul(b2, w);
-  auto b3 = namedax::ppermute(b2, "i"_ax, ring);
-  auto p3 = matmul(b3, w);
-  return namedax::eval(namedax::concat(std::tuple{p0, p1, p2, p3}, 0));
-};
+/// The ring's steps from the block in hand on, `parts` the products so far: step s multiplies
+/// the block of device (d - s) mod N, and the parts stack in step order. `Started`: the block
+/// is sent on with async::ppermute before it is multiplied; else a blocking ppermute after.
+template <std::size_t N, bool Started, class B, class W, class... Parts>
+auto ring_steps(const B& block, const W& w, const std::vector<std::pair<int, int>>& pairs, const Parts&... parts) {
+  if constexpr (sizeof...(Parts) + 1 == N) {
+    return namedax::eval(namedax::concat(std::tuple{parts..., namedax::eval(matmul(block, w))}, 0));
+  } else if constexpr (Started) {
+    auto next = namedax::async::ppermute(block, "i"_ax, pairs);
+    auto product = namedax::eval(matmul(block, w));
+    return ring_steps<N, Started>(next.wait(), w, pairs, parts..., product);
+  } else {
+    auto product = namedax::eval(matmul(block, w));
+    return ring_steps<N, Started>(namedax::ppermute(block, "i"_ax, pairs), w, pairs, parts..., product);
+  }
+}
 
-/// The same ring, each block sent on before the one in hand is multiplied.
-auto async_ring = [](auto x, auto w) {
-  auto b0 = namedax::eval(x);
-  auto h = namedax::async::ppermute(b0, "i"_ax, ring);
-  auto p0 = matmul(b0, w);
-  auto b1 = h.wait();
-  h = namedax::async::ppermute(b1, "i"_ax, ring);
-  auto p1 = matmul(b1, w);
-  auto b2 = h.wait();
-  h = namedax::async::ppermute(b2, "i"_ax, ring);
-  auto p2 = matmul(b2, w);
-  auto b3 = h.wait();
-  auto p3 = matmul(b3, w);
-  return namedax::eval(namedax::concat(std::tuple{p0, p1, p2, p3}, 0));
-};
+/// The ring of blocking ppermutes over N devices, or of async::ppermutes (`Started`).
+template <std::size_t N, bool Started>
+auto ring_matmul = [](auto x, auto w) { return ring_steps<N, Started>(namedax::eval(x), w, ring_pairs(N)); };
 
 // The library's ring, rows in index order: namedax::all_gather_matmul.
 auto library_ring = [](auto x, auto w) { return namedax::all_gather_matmul(x, w, "i"_ax); };
@@ -110,6 +107,7 @@ double time_after_pause(const auto& f) {
 }
 
 /// Whether device d's ring result (parts in step order) holds the gathered result's rows.
+template <std::size_t devices>
 bool ring_matches(const xt::xarray<float>& ring_out, const xt::xarray<float>& gathered, std::size_t b, double& worst) {
   bool same_shape = ring_out.shape() == gathered.shape();
   if (!same_shape) return false;
@@ -133,15 +131,16 @@ bool same_bits(const xt::xarray<float>& a, const xt::xarray<float>& b) {
          });
 }
 
+template <std::size_t devices>
 void run_case(std::size_t b, std::size_t k, std::size_t c, int rounds) {
   const auto x = random_blocks({devices, b, k}, 1), w = random_blocks({devices, k, c}, 2);
   auto gathered = [&] { return xt::xarray<float>(namedax::pmap<"i">(gather_then_multiply)(x, w)); };
-  auto blocking = [&] { return xt::xarray<float>(namedax::pmap<"i">(blocking_ring)(x, w)); };
-  auto started = [&] { return xt::xarray<float>(namedax::pmap<"i">(async_ring)(x, w)); };
+  auto blocking = [&] { return xt::xarray<float>(namedax::pmap<"i">(ring_matmul<devices, false>)(x, w)); };
+  auto started = [&] { return xt::xarray<float>(namedax::pmap<"i">(ring_matmul<devices, true>)(x, w)); };
   auto library = [&] { return xt::xarray<float>(namedax::pmap<"i">(library_ring)(x, w)); };
   const auto g = gathered(), r = blocking(), a = started(), l = library();
   double worst = 0;
-  const bool ok = ring_matches(r, g, b, worst) && same_bits(r, a) && l.shape() == g.shape() &&
+  const bool ok = ring_matches<devices>(r, g, b, worst) && same_bits(r, a) && l.shape() == g.shape() &&
                   xt::amax(xt::abs(l - g))() < 1e-3;
   double t_gather = 1e30, t_blocking = 1e30, t_async = 1e30, t_library = 1e30;
   for (int round = 0; round < rounds; ++round) {
@@ -151,14 +150,15 @@ void run_case(std::size_t b, std::size_t k, std::size_t c, int rounds) {
     t_library = std::min(t_library, time_after_pause([&] { sink = library()(0, 0, 0); }));
   }
   const double flops = 2.0 * double(devices) * double(devices * b) * double(k) * double(c);
-  std::printf("b=%-5zu k=%-5zu c=%-5zu  all_gather+matmul %8.3f ms  ring %8.3f ms  async ring %8.3f ms  "
+  std::printf("devices=%zu b=%-5zu k=%-5zu c=%-5zu  all_gather+matmul %8.3f ms  ring %8.3f ms  async ring %8.3f ms  "
               "(%6.1f GFLOP/s)  ring/async %5.2f  all_gather/async %5.2f  all_gather_matmul %8.3f ms, "
               "all_gather/all_gather_matmul %5.2f  %s (max diff to all_gather %.2g)\n",
-              b, k, c, t_gather * 1e3, t_blocking * 1e3, t_async * 1e3, flops / t_async * 1e-9, t_blocking / t_async,
+              devices, b, k, c, t_gather * 1e3, t_blocking * 1e3, t_async * 1e3, flops / t_async * 1e-9, t_blocking / t_async,
               t_gather / t_async, t_library * 1e3, t_gather / t_library, ok ? "checked" : "MISMATCH", worst);
 }
 
 /// The layer stack: y (b x k per device) through `layers` k x k weights, column-sharded.
+template <std::size_t devices>
 void run_layers(std::size_t b, std::size_t k, std::size_t layers, int rounds) {
   const auto y = random_blocks({devices, b, k}, 3);
   auto shards = random_blocks({devices, layers, k, k / devices}, 4);
@@ -171,22 +171,30 @@ void run_layers(std::size_t b, std::size_t k, std::size_t layers, int rounds) {
     t_blocking = std::min(t_blocking, time_after_pause([&] { sink = blocking()(0, 0, 0); }));
     t_started = std::min(t_started, time_after_pause([&] { sink = started()(0, 0, 0); }));
   }
-  std::printf("layers=%zu b=%-5zu k=%-5zu  all_gather then matmul %8.3f ms  async::all_gather a layer ahead %8.3f ms  "
+  std::printf("devices=%zu layers=%zu b=%-5zu k=%-5zu  all_gather then matmul %8.3f ms  async::all_gather a layer ahead %8.3f ms  "
               "blocking/async %5.2f  %s\n",
-              layers, b, k, t_blocking * 1e3, t_started * 1e3, t_blocking / t_started, ok ? "same bits" : "MISMATCH");
+              devices, layers, b, k, t_blocking * 1e3, t_started * 1e3, t_blocking / t_started, ok ? "same bits" : "MISMATCH");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench::options opt(argc, argv, {{"rows", "128,512"}, {"inner", "512"}, {"cols", "256"}, {"rounds", "7"}, {"layers", "4"}});
+  bench::options opt(argc, argv, {{"rows", "128,512"}, {"inner", "512"}, {"cols", "256"}, {"rounds", "7"}, {"layers", "4"},
+                                 {"devices", "4,8"}});
   const auto rows = bench::parse_list(opt["rows"]);
   const std::size_t k = std::stoull(opt["inner"]), c = std::stoull(opt["cols"]);
   const int rounds = std::stoi(opt["rounds"]);
-  std::printf("collective matmul all_gather(x) @ w on %zu pmap devices, float32, %zu cores; best of %d alternating "
+  std::printf("collective matmul all_gather(x) @ w on pmap devices, float32, %zu cores; best of %d alternating "
               "rounds; ratios above 1: async ring faster\n",
-              devices, bench::hardware_threads(), rounds);
-  for (std::size_t b : rows) run_case(b, k, c, rounds);
+              bench::hardware_threads(), rounds);
   const std::size_t layers = std::min<std::size_t>(std::stoull(opt["layers"]), max_layers);
-  for (std::size_t b : rows) run_layers(b, k, layers, rounds);
+  for (std::size_t n : bench::parse_list(opt["devices"])) {
+    auto run = [&]<std::size_t devices>(std::integral_constant<std::size_t, devices>) {
+      for (std::size_t b : rows) run_case<devices>(b, k, c, rounds);
+      for (std::size_t b : rows) run_layers<devices>(b, k, layers, rounds);
+    };
+    if (n == 4) run(std::integral_constant<std::size_t, 4>{});
+    else if (n == 8) run(std::integral_constant<std::size_t, 8>{});
+    else std::printf("--devices takes 4 and 8\n");
+  }
 }
