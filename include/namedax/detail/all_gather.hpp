@@ -33,7 +33,7 @@ inline std::size_t chunk_length(std::string_view verb, std::string_view what, in
 /// A block without dimension `dim`, at index `index` along it.
 template <class T>
 strided_block<T> drop_dim(strided_block<T> b, std::size_t dim, std::size_t index) {
-  b.data += static_cast<std::ptrdiff_t>(index) * b.strides[dim];
+  if (b.data) b.data += static_cast<std::ptrdiff_t>(index) * b.strides[dim];  // empty: maybe no memory
   b.shape.erase(b.shape.begin() + static_cast<std::ptrdiff_t>(dim));
   b.strides.erase(b.strides.begin() + static_cast<std::ptrdiff_t>(dim));
   return b;
@@ -42,7 +42,7 @@ strided_block<T> drop_dim(strided_block<T> b, std::size_t dim, std::size_t index
 /// A block narrowed to [index * length, (index + 1) * length) along `dim`.
 template <class T>
 strided_block<T> chunk_of(strided_block<T> b, std::size_t dim, std::size_t index, std::size_t length) {
-  b.data += static_cast<std::ptrdiff_t>(index * length) * b.strides[dim];
+  if (b.data) b.data += static_cast<std::ptrdiff_t>(index * length) * b.strides[dim];  // empty: maybe no memory
   b.shape[dim] = length;
   return b;
 }
@@ -95,6 +95,10 @@ xt::xarray<T> all_gather_rule(std::string_view verb, strided_block<T> in, std::s
   const std::size_t tile = tiled ? positional[a] : 1;
   positional = gathered_positional(std::move(positional), a, g, tiled);
   auto out = uninitialized_array<T>(frame.output_shape(positional, varies));
+  if (out.size() == 0) {  // nothing to copy, and an empty array may have no memory to point into
+    frame.release();
+    return out;
+  }
   const auto out_strides = row_major_strides(out.shape());
   const std::size_t out_rank = positional.size();
 
@@ -104,12 +108,12 @@ xt::xarray<T> all_gather_rule(std::string_view verb, strided_block<T> in, std::s
   const std::ptrdiff_t step = slots.second;
   if (auto whole = varies ? std::nullopt : members_as_block(frame, axes, groups, g)) {
     slot_strides.push_back(step);
-    copy_strided(*whole, out.data() + frame.vectorized_offset(0, out_strides, out_rank), slot_strides);
+    copy_strided(*whole, frame.at_rank(out.data(), 0, out_strides, out_rank), slot_strides);
     frame.release();
     return out;
   }
   frame.for_each_owned(varies, [&](std::size_t rank) {
-    T* base = out.data() + frame.vectorized_offset(rank, out_strides, out_rank);
+    T* base = frame.at_rank(out.data(), rank, out_strides, out_rank);
     const auto& group = frame.groups().members[frame.groups().group_of[rank]];
     for (std::size_t k = 0; k < group.size(); ++k)
       copy_strided(frame.member(group[k]), base + static_cast<std::ptrdiff_t>(k) * step, slot_strides);

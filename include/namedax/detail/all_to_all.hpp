@@ -34,6 +34,10 @@ xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::s
   const std::size_t block = tiled ? positional[concat] : 1;  // the length of one member's piece along concat
   if (tiled) positional[concat] *= g;
   auto out = uninitialized_array<T>(frame.output_shape(positional, true));
+  if (out.size() == 0) {  // nothing to copy, and an empty array may have no memory to point into
+    frame.release();
+    return out;
+  }
   const auto out_strides = row_major_strides(out.shape());
   strides_t slot_strides = out_strides;
   if (!tiled) slot_strides.erase(slot_strides.begin() + static_cast<std::ptrdiff_t>(concat));
@@ -46,7 +50,7 @@ xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::s
   // dims more (member, then rank), moved by one copy in memory order.
   if (auto members = members_as_block(frame, axes, groups, g)) {
     std::vector<const T*> targets;
-    for (std::size_t rank = 0; rank < g; ++rank) targets.push_back(out.data() + frame.vectorized_offset(rank, out_strides, positional.size()));
+    for (std::size_t rank = 0; rank < g; ++rank) targets.push_back(frame.at_rank(out.data(), rank, out_strides, positional.size()));
     if (const auto rank_step = even_spacing<T>(targets)) {
       const std::ptrdiff_t member_step = members->strides.back();
       members->shape.pop_back(), members->strides.pop_back();
@@ -55,7 +59,7 @@ xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::s
       block.shape.insert(block.shape.end(), {g, g});
       block.strides.insert(block.strides.end(), {member_step, piece_step});
       slot_strides.insert(slot_strides.end(), {step, *rank_step});
-      copy_strided(block, out.data() + frame.vectorized_offset(0, out_strides, positional.size()), slot_strides);
+      copy_strided(block, frame.at_rank(out.data(), 0, out_strides, positional.size()), slot_strides);
       frame.release();
       return out;
     }
@@ -63,7 +67,7 @@ xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::s
   frame.for_each_owned(true, [&](std::size_t rank) {
     const std::size_t p = frame.groups().position_of[rank];
     const auto& group = frame.groups().members[frame.groups().group_of[rank]];
-    T* base = out.data() + frame.vectorized_offset(rank, out_strides, positional.size());
+    T* base = frame.at_rank(out.data(), rank, out_strides, positional.size());
     for (std::size_t k = 0; k < group.size(); ++k)
       copy_strided(piece_of(frame.member(group[k]), p), base + static_cast<std::ptrdiff_t>(k) * step, slot_strides);
   });

@@ -346,7 +346,9 @@ class collective_frame {
     } else if (member_stride_ > 0) {
       base = gathered_.data() + device * member_stride_;
     }
-    return {base + offset, member_shape_, in_.strides};
+    // An empty payload may have no memory at all: its members are never read, and no offset
+    // may be added to a null pointer.
+    return {base ? base + offset : base, member_shape_, in_.strides};
   }
 
   /// Calls f(rank) for each rank whose output this caller computes: its own device
@@ -366,6 +368,14 @@ class collective_frame {
         if (sizes[k] > 1) c[k] = rest % sizes[k], rest /= sizes[k];
       f(rank_of(c));
     }
+  }
+
+  /// `data` moved to rank r's place in a block with `strides` (vectorized_offset); null stays
+  /// null (an empty block may have no memory, and no offset may be added to a null pointer).
+  template <class U>
+  [[nodiscard]] U* at_rank(U* data, std::size_t rank, std::span<const std::ptrdiff_t> strides,
+                           std::size_t positional_rank) const {
+    return data ? data + vectorized_offset(rank, strides, positional_rank) : data;
   }
 
   /// Where rank r's coordinates along the vectorized axes sit in a block with `strides`

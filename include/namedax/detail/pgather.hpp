@@ -100,8 +100,8 @@ xt::xarray<T> pgather_rule(std::string_view verb, strided_block<T> src, std::siz
   element_offsets(slab, src_strides, out_strides, src_offset);
 
   frame.for_each_owned(idx_varies, [&](std::size_t rank) {
-    T* target = out.data() + frame.vectorized_offset(rank, out_strides, out_rank);
-    const I* index = idx.data + frame.vectorized_offset(rank, idx.strides, idx_rank);
+    T* target = frame.at_rank(out.data(), rank, out_strides, out_rank);
+    const I* index = frame.at_rank(idx.data, rank, idx.strides, idx_rank);
     auto gather_one = [&](std::size_t e) {
       const auto f = static_cast<long long>(index[idx_offset[e]]);
       if (f < 0 || static_cast<std::size_t>(f) >= range) return gather_fill<T>();

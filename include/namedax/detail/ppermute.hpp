@@ -82,7 +82,7 @@ xt::xarray<T> ppermute_rule(std::string_view verb, strided_block<T> in, std::siz
   auto out = uninitialized_array<T>(frame.output_shape(positional, true));
   const auto out_strides = row_major_strides(out.shape());
   frame.for_each_owned(true, [&](std::size_t rank) {
-    T* target = out.data() + frame.vectorized_offset(rank, out_strides, positional_rank);
+    T* target = frame.at_rank(out.data(), rank, out_strides, positional_rank);
     auto element = frame.member(rank);
     if (from[rank] >= 0) {
       copy_strided(frame.member(static_cast<std::size_t>(from[rank])), target, out_strides);

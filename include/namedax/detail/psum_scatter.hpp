@@ -38,7 +38,7 @@ xt::xarray<T> psum_scatter_rule(std::string_view verb, strided_block<T> in, std:
     members.clear();
     for (std::size_t m : group) members.push_back(piece(m).data);
     fold_group<T>(std::span<const T* const>(members.data(), members.size()), piece(group.front()), frame.any_varies(), true,
-                  out.data() + frame.vectorized_offset(rank, out_strides, positional.size()), out_strides, sum_op{});
+                  frame.at_rank(out.data(), rank, out_strides, positional.size()), out_strides, sum_op{});
   });
   frame.release();
   return out;

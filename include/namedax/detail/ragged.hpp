@@ -206,7 +206,7 @@ xt::xarray<T> ragged_all_to_all_rule(std::string_view verb, strided_block<T> ope
     return s;
   }();
   frame.for_each_owned(true, [&](std::size_t rank) {
-    T* base = output.data() + frame.vectorized_offset(rank, out_strides, positional_rank);
+    T* base = frame.at_rank(output.data(), rank, out_strides, positional_rank);
     std::size_t b = 0;
     for_each_index(batch_shape, [&](std::span<const std::size_t> v) {
       write_received<T>(table, layout, rank, b++, v, base + trailing_offset(v, out_strides, positional_rank), out_strides,

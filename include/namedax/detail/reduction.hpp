@@ -88,7 +88,7 @@ std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, 
     std::fill(divisor.begin(), divisor.end(), 0.f);
   }
   frame.for_each_owned(varies, [&](std::size_t rank) {
-    T* target = out.data() + frame.vectorized_offset(rank, out_strides, positional_rank);
+    T* target = frame.at_rank(out.data(), rank, out_strides, positional_rank);
     const auto& group = frame.groups().members[frame.groups().group_of[rank]];
     if (count_members)
       divisor.data()[frame.vectorized_offset(rank, divisor_strides, positional_rank)] = static_cast<float>(group.size());

@@ -101,7 +101,7 @@ xt::xarray<T> own_chunk_rule(std::string_view verb, strided_block<T> in, std::si
   frame.for_each_owned(true, [&](std::size_t rank) {
     const std::size_t p = frame.groups().position_of[rank];
     auto piece = tiled ? chunk_of(frame.member(rank), d, p, chunk) : drop_dim(frame.member(rank), d, p);
-    copy_strided(piece, out.data() + frame.vectorized_offset(rank, out_strides, positional.size()), out_strides);
+    copy_strided(piece, frame.at_rank(out.data(), rank, out_strides, positional.size()), out_strides);
   });
   frame.release();
   if (scaled && g != 1)
