@@ -116,7 +116,7 @@ struct all_reduce_fn : started<Verb, Blocking, Sums> {
   }
   template <class X, AxisArgument A>
   [[nodiscard]] auto operator()(const X& x, const A& axes, const namedax::detail::reduce_options_without_groups&) const {
-    return this->start(x, axes, "", std::nullopt);
+    return (*this)(x, axes);
   }
   template <class X, AxisArgument A, class Options = reduce_options>
     requires std::same_as<Options, reduce_options>

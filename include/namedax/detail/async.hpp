@@ -408,6 +408,37 @@ void post_block(world& w, async_mailbox& box, std::size_t receiver, std::uint32_
   }
 }
 
+/// One device's asynchronous call in a mailbox, from its start until its blocks are left: the
+/// call's sequence number and the call as the receivers compare it. Made after the check that
+/// the call's slot has no handle in flight, with the call recorded for reports and the arrival
+/// fault point passed; finish() counts the call as started.
+struct async_start {
+  async_mailbox& box;
+  std::size_t rank;
+  std::uint32_t sequence;
+  collective_call call;
+  std::shared_ptr<device_record> me;
+  std::shared_ptr<world> w;
+
+  template <class T>
+  async_start(async_mailbox& mailbox, const membership& m, std::string_view verb, std::span<const named_axis> axes,
+              std::span<const std::string_view> names, std::string_view options,
+              const std::optional<groups_t>& groups, const shared_array<T>& mine)
+      : box(mailbox), rank(m.rank), sequence(mailbox.members[m.rank].started),
+        call(call_of<T>(verb, axes, options, groups, dims_t(mine.shape().begin(), mine.shape().end()))),
+        me(current_device()), w(find_frame(names.front())->shared) {
+    auto& self = box.members[rank];
+    if (self.in_flight[sequence % async_depth])
+      fail(call.what, ": device ", me->path, " starts an exchange while the one it started ", async_depth,
+           " calls earlier over the same axes is still in flight; at most ", async_depth,
+           " may be in flight at once: call wait() on the oldest handle first");
+    me->enter(call.signature);
+    self.calls[sequence % async_depth].assign(call.signature);
+    at_fault_point(fault_point::arrival, verb);
+  }
+  void finish() { box.members[rank].started = (sequence + 1) & async_slot::sequence_mask; }
+};
+
 /// Starts ppermute among device threads: checks the pairs, leaves this device's array for
 /// its destination, and returns the receipt of what this device receives. `names` are the
 /// axes' names, all device-thread axes along which the value varies (thread_axes).
@@ -416,26 +447,14 @@ async_receipt start_permute(std::string_view verb, const shared_array<T>& mine, 
                             std::span<const std::string_view> names, const permutation_t& perm) {
   membership m = join(names);
   const long source = senders(verb, axes, perm, member_count(axes))[m.rank];
-  async_mailbox& box = mailbox_of(m, axes);
-  auto& self = box.members[m.rank];
-  const auto& me = current_device();
-  const std::uint32_t sequence = self.started;
-  const dims_t shape(mine.shape().begin(), mine.shape().end());
-  const collective_call call = call_of<T>(verb, axes, pairs_options(perm), std::nullopt, shape);
-  if (self.in_flight[sequence % async_depth])
-    fail(call.what, ": device ", me->path, " starts an exchange while the one it started ", async_depth,
-         " calls earlier over the same axes is still in flight; at most ", async_depth,
-         " may be in flight at once: call wait() on the oldest handle first");
-  me->enter(call.signature);
-  self.calls[sequence % async_depth].assign(call.signature);
-  at_fault_point(fault_point::arrival, verb);
+  async_start start(mailbox_of(m, axes), m, verb, axes, names, pairs_options(perm), std::nullopt, mine);
   long destination = -1;
   for (auto [s, d] : perm)
     if (static_cast<std::size_t>(s) == m.rank) destination = d;
-  std::shared_ptr<world> w = find_frame(names.front())->shared;
-  if (destination >= 0) post_block(*w, box, static_cast<std::size_t>(destination), sequence, m.rank, call, mine);
-  self.started = (sequence + 1) & async_slot::sequence_mask;
-  async_receipt receipt(std::move(w), m.comm->mailbox, me, m.rank, sequence, source, call.fingerprint, verb);
+  if (destination >= 0)
+    post_block(*start.w, start.box, static_cast<std::size_t>(destination), start.sequence, m.rank, start.call, mine);
+  start.finish();
+  async_receipt receipt(start.w, m.comm->mailbox, start.me, m.rank, start.sequence, source, start.call.fingerprint, verb);
   at_fault_point(fault_point::exchanged, verb);
   return receipt;
 }
@@ -450,25 +469,13 @@ void start_all_lanes(std::vector<async_receipt>& receipts, std::string_view verb
                      std::span<const named_axis> axes, std::span<const std::string_view> names,
                      std::string_view options, const std::optional<groups_t>& groups) {
   membership m = join(names);
-  async_mailbox& box = all_lanes_mailbox_of(m, axes);
-  auto& self = box.members[m.rank];
-  const auto& me = current_device();
-  const std::uint32_t sequence = self.started;
-  const dims_t shape(mine.shape().begin(), mine.shape().end());
-  const collective_call call = call_of<T>(verb, axes, options, groups, shape);
-  if (self.in_flight[sequence % async_depth])
-    fail(call.what, ": device ", me->path, " starts an exchange while the one it started ", async_depth,
-         " calls earlier over the same axes is still in flight; at most ", async_depth,
-         " may be in flight at once: call wait() on the oldest handle first");
-  me->enter(call.signature);
-  self.calls[sequence % async_depth].assign(call.signature);
-  at_fault_point(fault_point::arrival, verb);
-  std::shared_ptr<world> w = find_frame(names.front())->shared;
-  for (std::size_t r = 0; r < box.size; ++r) post_block(*w, box, r, sequence, m.rank, call, mine, m.rank);
-  self.started = (sequence + 1) & async_slot::sequence_mask;
-  for (std::size_t s = 0; s < box.size; ++s)
-    receipts.emplace_back(w, m.comm->all_lanes_mailbox, me, m.rank, sequence, static_cast<long>(s), call.fingerprint,
-                          verb, s);
+  async_start start(all_lanes_mailbox_of(m, axes), m, verb, axes, names, options, groups, mine);
+  for (std::size_t r = 0; r < start.box.size; ++r)
+    post_block(*start.w, start.box, r, start.sequence, m.rank, start.call, mine, m.rank);
+  start.finish();
+  for (std::size_t s = 0; s < start.box.size; ++s)
+    receipts.emplace_back(start.w, m.comm->all_lanes_mailbox, start.me, m.rank, start.sequence, static_cast<long>(s),
+                          start.call.fingerprint, verb, s);
   at_fault_point(fault_point::exchanged, verb);
 }
 
@@ -848,7 +855,8 @@ auto start_collective(const X& x, const A& axes, std::string_view options, const
               ~installed() { members_received() = previous; }
             } scope{std::exchange(members_received(), &received)};
             R out = run(held);
-            if (received.taken != received.entries.size())
+            if (!std::all_of(received.entries.begin(), received.entries.end(),
+                             [](const received_members::entry& e) { return e.members.empty(); }))
               fail(async_what<Verb, Names...>(), ": internal error: the wait read fewer blocks than the start left");
             return out;
           };

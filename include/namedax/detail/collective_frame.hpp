@@ -264,7 +264,6 @@ struct received_members {
     dims_t shape;
   };
   std::vector<entry> entries;
-  std::size_t taken = 0;
 };
 /// The received members this thread's collective frames read, when a wait() runs; else null.
 inline received_members*& members_received() {
@@ -304,7 +303,6 @@ class collective_frame {
       if (it == entries.end())
         fail("namedax::", verb, ": internal error: the blocks an asynchronous collective started do not match its wait");
       lent_ = std::exchange(it->members, {});
-      ++received->taken;
       return;
     }
     collective_call call = call_of<T>(verb, axes_, options, groups, in_.shape);
