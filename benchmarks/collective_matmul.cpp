@@ -67,6 +67,8 @@ auto ring_matmul = [](auto x, auto w) { return ring_steps<N, Started>(namedax::e
 
 // The library's ring, rows in index order: namedax::all_gather_matmul.
 auto library_ring = [](auto x, auto w) { return namedax::all_gather_matmul(x, w, "i"_ax); };
+// The same both ways round: n / 2 steps of two blocks.
+auto library_both_ways = [](auto x, auto w) { return namedax::all_gather_matmul(x, w, "i"_ax, {.bidirectional = true}); };
 
 constexpr std::size_t max_layers = 8;
 
@@ -138,23 +140,27 @@ void run_case(std::size_t b, std::size_t k, std::size_t c, int rounds) {
   auto blocking = [&] { return xt::xarray<float>(namedax::pmap<"i">(ring_matmul<devices, false>)(x, w)); };
   auto started = [&] { return xt::xarray<float>(namedax::pmap<"i">(ring_matmul<devices, true>)(x, w)); };
   auto library = [&] { return xt::xarray<float>(namedax::pmap<"i">(library_ring)(x, w)); };
+  auto both_ways = [&] { return xt::xarray<float>(namedax::pmap<"i">(library_both_ways)(x, w)); };
   const auto g = gathered(), r = blocking(), a = started(), l = library();
   double worst = 0;
   const bool ok = ring_matches<devices>(r, g, b, worst) && same_bits(r, a) && l.shape() == g.shape() &&
-                  xt::amax(xt::abs(l - g))() < 1e-3;
-  double t_gather = 1e30, t_blocking = 1e30, t_async = 1e30, t_library = 1e30;
+                  xt::amax(xt::abs(l - g))() < 1e-3 && same_bits(l, both_ways());
+  double t_gather = 1e30, t_blocking = 1e30, t_async = 1e30, t_library = 1e30, t_both = 1e30;
   for (int round = 0; round < rounds; ++round) {
     t_gather = std::min(t_gather, time_after_pause([&] { sink = gathered()(0, 0, 0); }));
     t_blocking = std::min(t_blocking, time_after_pause([&] { sink = blocking()(0, 0, 0); }));
     t_async = std::min(t_async, time_after_pause([&] { sink = started()(0, 0, 0); }));
     t_library = std::min(t_library, time_after_pause([&] { sink = library()(0, 0, 0); }));
+    t_both = std::min(t_both, time_after_pause([&] { sink = both_ways()(0, 0, 0); }));
   }
   const double flops = 2.0 * double(devices) * double(devices * b) * double(k) * double(c);
   std::printf("devices=%zu b=%-5zu k=%-5zu c=%-5zu  all_gather+matmul %8.3f ms  ring %8.3f ms  async ring %8.3f ms  "
               "(%6.1f GFLOP/s)  ring/async %5.2f  all_gather/async %5.2f  all_gather_matmul %8.3f ms, "
-              "all_gather/all_gather_matmul %5.2f  %s (max diff to all_gather %.2g)\n",
+              "all_gather/all_gather_matmul %5.2f  bidirectional %8.3f ms, one-way/bidirectional %5.2f  %s (max diff to "
+              "all_gather %.2g)\n",
               devices, b, k, c, t_gather * 1e3, t_blocking * 1e3, t_async * 1e3, flops / t_async * 1e-9, t_blocking / t_async,
-              t_gather / t_async, t_library * 1e3, t_gather / t_library, ok ? "checked" : "MISMATCH", worst);
+              t_gather / t_async, t_library * 1e3, t_gather / t_library, t_both * 1e3, t_library / t_both,
+              ok ? "checked" : "MISMATCH", worst);
 }
 
 /// The layer stack: y (b x k per device) through `layers` k x k weights, column-sharded.

@@ -589,6 +589,11 @@ void check_collectives_same_as_blocking(std::mt19937& rng, int n) {
        [](auto x) { return namedax::async::all_to_all(x, "i"_ax, 0, 1, {.tiled = true}); });
   both([](auto x) { return namedax::pbroadcast(x, "i"_ax, 0); },
        [](auto x) { return namedax::async::pbroadcast(x, "i"_ax, 0); });
+  both([](auto x) { return namedax::pdot(x, x, "i"_ax, {{0}, {0}}); },
+       [](auto x) { return namedax::async::pdot(x, x, "i"_ax, {{0}, {0}}); });
+  const xt::xarray<T> w = namedax_test::random_array<T>(rng, {b, 3});  // plain, the same on every index
+  both([w](auto x) { return namedax::pdot(x, w, "i"_ax, {{1}, {0}}); },
+       [w](auto x) { return namedax::async::pdot(x, w, "i"_ax, {{1}, {0}}); });
   std::vector<int> perm(u);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);

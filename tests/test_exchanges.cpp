@@ -525,6 +525,50 @@ TEST_SUITE("collective matmuls") {
       auto [vs, ps] = both_modes(scatter_ring, x_parts, w_parts);
       CHECK_BITWISE(vs, ps);
       CHECK(relative_error(vs, namedax::vmap<"i">(scattered)(x_parts, w_parts)) < 1e-13);
+
+      // Both ways round the ring: the gathering one gives the same bits (every block's product
+      // is the same matmul); the scattering one the same sum in another order.
+      auto both_ways = [](auto x, auto w) { return namedax::all_gather_matmul(x, w, "i"_ax, {.bidirectional = true}); };
+      auto [vb, pb] = both_modes(both_ways, x, w_parts);
+      CHECK_BITWISE(vb, pb);
+      CHECK_BITWISE(vb, vv);
+      auto scatter_both_ways = [](auto x, auto w) {
+        return namedax::matmul_reduce_scatter(x, w, "i"_ax, {.bidirectional = true});
+      };
+      auto [vsb, psb] = both_modes(scatter_both_ways, x_parts, w_parts);
+      CHECK_BITWISE(vsb, psb);
+      CHECK(relative_error(vsb, vs) < 1e-13);
+    }
+  }
+
+  TEST_CASE("bidirectional collective matmuls: exact on integers, every block counted once, for 1 to 7 indices") {
+    // Integer products are exact, so a block added twice or left out shows in the result.
+    for (std::size_t n = 1; n <= 7; ++n) {
+      CAPTURE(n);
+      const std::size_t b = 2, k = 3, c = 2;
+      xt::xarray<std::int64_t> x = xt::arange<std::int64_t>(static_cast<std::int64_t>(n * b * k)).reshape({n, b, k});
+      xt::xarray<std::int64_t> parts = xt::arange<std::int64_t>(static_cast<std::int64_t>(n * n * b * k)) % 17 - 8;
+      parts.reshape({n, n * b, k});
+      xt::xarray<std::int64_t> w = xt::arange<std::int64_t>(static_cast<std::int64_t>(n * k * c)) % 5 - 2;
+      w.reshape({n, k, c});
+      auto gather = [](auto x, auto w) {
+        return namedax::eval(namedax::xeinsum<"ij,jk->ik">(namedax::all_gather(x, "i"_ax, {.tiled = true}), w));
+      };
+      auto scatter = [](auto x, auto w) {
+        return namedax::psum_scatter(namedax::xeinsum<"ij,jk->ik">(x, w), "i"_ax, {.tiled = true});
+      };
+      auto gather_both = [](auto x, auto w) { return namedax::all_gather_matmul(x, w, "i"_ax, {.bidirectional = true}); };
+      auto scatter_both = [](auto x, auto w) {
+        return namedax::matmul_reduce_scatter(x, w, "i"_ax, {.bidirectional = true});
+      };
+      const xt::xarray<std::int64_t> gathered = namedax::vmap<"i">(gather)(x, w);
+      const xt::xarray<std::int64_t> scattered = namedax::vmap<"i">(scatter)(parts, w);
+      auto [vg, pg] = both_modes(gather_both, x, w);
+      CHECK(vg == gathered);
+      CHECK(pg == gathered);
+      auto [vs, ps] = both_modes(scatter_both, parts, w);
+      CHECK(vs == scattered);
+      CHECK(ps == scattered);
     }
   }
 

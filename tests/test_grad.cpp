@@ -301,8 +301,8 @@ const auto structural_family = [](const auto& x, const auto& c, int op) {
     case 27: return finish(s, namedax::floor(namedax::eval(x * 3.0)) * x);
     case 28: return finish(s, namedax::all_gather_matmul(x, w, i));
     case 29: return finish(s, namedax::matmul_reduce_scatter(x, w, i));
-    case 30: return finish(s, namedax::all_gather_matmul(x, namedax::permute_dims(x, {1, 0}), i));
-    case 31: return finish(s, namedax::matmul_reduce_scatter(x, namedax::permute_dims(x, {1, 0}), i));
+    case 30: return finish(s, namedax::all_gather_matmul(x, namedax::permute_dims(x, {1, 0}), i, {.bidirectional = true}));
+    case 31: return finish(s, namedax::matmul_reduce_scatter(x, namedax::permute_dims(x, {1, 0}), i, {.bidirectional = true}));
     case 32: return finish(s, namedax::pmax(x, i, {.axis_index_groups = {{0, 2}, {3, 1}}}));
     case 33: return finish(s, namedax::pmin(namedax::eval(x * c), i, {.axis_index_groups = {{0, 1}, {2, 3}}}));
     case 34: return finish(s, namedax::cast<double>(namedax::pargmax(namedax::eval(x * c), i)) * x);

@@ -367,6 +367,8 @@ TEST_SUITE("transpose") {
     check_adjoint_both(linear::all_gather_matmul(w, "i"_ax), rng, {4, 2, 3});
     check_adjoint_both(linear::matmul_reduce_scatter(w, "i"_ax), rng, {4, 8, 3});
     check_adjoint_both(linear::all_gather_matmul(w, "i"_ax), rng, {1, 5, 3});  // one index: a plain product
+    check_adjoint_both(linear::all_gather_matmul(w, "i"_ax, {.bidirectional = true}), rng, {5, 2, 3});
+    check_adjoint_both(linear::matmul_reduce_scatter(w, "i"_ax, {.bidirectional = true}), rng, {4, 8, 3});
   }
 
   TEST_CASE("transpose of pdot, in either operand, with contractions and batch dims") {

@@ -228,4 +228,38 @@ struct pshuffle_fn : detail::started<pshuffle_fn, namedax::pshuffle_fn, false> {
 };
 inline constexpr pshuffle_fn pshuffle{};
 
+/// pdot started now and waited later: the local contraction runs at start (its errors are
+/// reported there, in pdot's words), and its sum over the axes is started as async::psum
+/// starts one, so wait() gives namedax::pdot(x, y, axes, ...) bit for bit. The tensor-parallel
+/// row-parallel linear layer, whose all-reduce hides behind the next computation:
+///   auto h = namedax::async::pdot(h1, w2_rows, "model"_ax, {{1}, {0}});
+///   auto skip = namedax::eval(x * gate);  // computed meanwhile
+///   auto y = h.wait() + skip;
+struct pdot_fn : detail::started<pdot_fn, namedax::psum_fn, true> {
+  static constexpr std::string_view name = "async::pdot";
+  template <class X, class Y, AxisArgument A>
+    requires((NamedOperand<X> || NamedOperand<Y>) && !std::is_arithmetic_v<X> && !std::is_arithmetic_v<Y> &&
+             !Traced<X> && !Traced<Y>)
+  [[nodiscard]] auto operator()(const X& x, const Y& y, const A& axes,
+                                const namedax::detail::dimension_pairs& pos_contract = {},
+                                const namedax::detail::dimension_pairs& pos_batch = {}) const {
+    auto local = namedax::detail::when_resolved(
+        [&](const auto& a, const auto& b) {
+          return namedax::detail::local_pdot<namedax::pdot_fn>(a, b, axes, pos_contract, pos_batch);
+        },
+        x, y);
+    return start(local, axes, "", std::nullopt);
+  }
+  template <class X, class Y, AxisArgument A>
+    requires(Traced<X> || Traced<Y>)
+  auto operator()(const X& x, const Y&, const A&, const namedax::detail::dimension_pairs& = {},
+                  const namedax::detail::dimension_pairs& = {}) const {
+    static_assert(namedax::detail::always_false<X>,
+                  "namedax::grad: asynchronous collectives have no derivative rule; in a differentiated function use "
+                  "namedax::pdot, whose rule is its transpose");
+    return x;  // only the assertion above is reported
+  }
+};
+inline constexpr pdot_fn pdot{};
+
 }  // namespace namedax::async

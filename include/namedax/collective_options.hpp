@@ -49,6 +49,14 @@ struct pswapaxes_options {
   std::vector<std::vector<int>> axis_index_groups{};  ///< swap within each group; equal sizes
 };
 
+/// Options of all_gather_matmul and matmul_reduce_scatter.
+struct collective_matmul_options {
+  /// Use both directions of the ring: blocks (or partial sums) travel to the next and to the
+  /// previous index at once, so the ring takes n / 2 steps instead of n - 1, each moving two
+  /// blocks, one over each link direction.
+  bool bidirectional = false;
+};
+
 /// A permutation known at compile time, as flat (source, destination) pairs:
 /// `ppermute(x, "i"_ax, namedax::static_perm<0, 1, 1, 2, 2, 0>)`. Repeated or negative
 /// indices do not compile, nor indices past a static axis size (`vmap<"i", 3>`).

@@ -486,25 +486,28 @@ template <class Forward, class Transposed, class W, Axis A>
 struct collective_matmul_map : detail::linear_map_base {
   W w;
   A axis;
+  collective_matmul_options options;
 
   template <class X>
   auto operator()(const X& x) const {
-    return Forward{}(x, w, axis);
+    return Forward{}(x, w, axis, options);
   }
   template <NamedValue C>
   auto transpose_of(const C& ct) const {
-    return Transposed{}(namedax::pvary(ct, axis), detail::matrix_transpose(w), axis);
+    return Transposed{}(namedax::pvary(ct, axis), detail::matrix_transpose(w), axis, options);
   }
 };
-/// x -> all_gather_matmul(x, w, axis); its transpose is matmul_reduce_scatter(ct, w^T, axis).
+/// x -> all_gather_matmul(x, w, axis, options); its transpose is matmul_reduce_scatter(ct,
+/// w^T, axis, options), a ring in the same directions.
 template <class W, Axis A>
-auto all_gather_matmul(W w, A axis) {
-  return collective_matmul_map<all_gather_matmul_fn, matmul_reduce_scatter_fn, W, A>{{}, std::move(w), axis};
+auto all_gather_matmul(W w, A axis, const collective_matmul_options& options = {}) {
+  return collective_matmul_map<all_gather_matmul_fn, matmul_reduce_scatter_fn, W, A>{{}, std::move(w), axis, options};
 }
-/// x -> matmul_reduce_scatter(x, w, axis); its transpose is all_gather_matmul(ct, w^T, axis).
+/// x -> matmul_reduce_scatter(x, w, axis, options); its transpose is all_gather_matmul(ct,
+/// w^T, axis, options).
 template <class W, Axis A>
-auto matmul_reduce_scatter(W w, A axis) {
-  return collective_matmul_map<matmul_reduce_scatter_fn, all_gather_matmul_fn, W, A>{{}, std::move(w), axis};
+auto matmul_reduce_scatter(W w, A axis, const collective_matmul_options& options = {}) {
+  return collective_matmul_map<matmul_reduce_scatter_fn, all_gather_matmul_fn, W, A>{{}, std::move(w), axis, options};
 }
 
 // ---------------------------------------------------------------------------------------

@@ -767,16 +767,16 @@ struct derivative<rule::collective_matmul, Verb> {
   /// psum_scatter along the axis, tiled over rows. In x: the linear map's transpose (the other
   /// collective matmul, by w transposed). In w: (G x)^T ct, and x^T (S^T ct).
   template <class X, class W, class A>
-  static auto apply(const X& x, const W& w, const A& axis) {
+  static auto apply(const X& x, const W& w, const A& axis, const collective_matmul_options& options) {
     auto a = ad::owned_operand(x);
     auto b = ad::owned_operand(w);
     constexpr bool gathers = std::is_same_v<Verb, all_gather_matmul_fn>;
     return ad::record(
-        Verb{}(a, b, axis),
-        [a, b, axis](const auto& ct, auto k) {
+        Verb{}(a, b, axis, options),
+        [a, b, axis, options](const auto& ct, auto k) {
           if constexpr (decltype(k)::value == 0) {
-            if constexpr (gathers) return linear::all_gather_matmul(b, axis).transpose_of(ct);
-            else return linear::matmul_reduce_scatter(b, axis).transpose_of(ct);
+            if constexpr (gathers) return linear::all_gather_matmul(b, axis, options).transpose_of(ct);
+            else return linear::matmul_reduce_scatter(b, axis, options).transpose_of(ct);
           } else if constexpr (gathers) {
             auto rows = namedax::all_gather(a, axis, {.axis = 0, .tiled = true});
             return namedax::pdot(rows, ct, namedax::axes(), {{0}, {0}});
