@@ -19,6 +19,7 @@
 
 #include <namedax/detail/buffers.hpp>
 #include <namedax/detail/fault.hpp>
+#include <namedax/detail/progress.hpp>
 
 #include <xtensor/xarray.hpp>
 #include <xsimd/xsimd.hpp>
