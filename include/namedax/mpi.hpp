@@ -9,7 +9,6 @@
 
 #include <mpi.h>
 
-#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -96,11 +95,6 @@ void nan_propagating(void* in, void* inout, int* length, MPI_Datatype*) {
 /// notice that another process failed: then the call is left pending and this throws a
 /// collective_error naming that process (defined after the grid, which names processes).
 inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view call);
-
-/// The requests of the nonblocking calls in flight, which progress_hook tests (defined after
-/// the mesh, which keeps them).
-inline void track_in_flight(MPI_Request* requests, int count);
-inline void untrack_in_flight(MPI_Request* requests);
 
 /// One communicator of the mesh. Each call is the nonblocking form of an MPI collective,
 /// waited for by wait_or_abandon, so that no process waits for one that failed.
@@ -231,13 +225,10 @@ class channel final : public process_channel {
   class pending final : public pending_call {
    public:
     pending(channel& c, std::string_view call, int count, bool collective)
-        : channel_(c), call_(call), count_(count), collective_(collective) {
-      track_in_flight(requests, count_);
-    }
+        : channel_(c), call_(call), count_(count), collective_(collective) {}
     pending(const pending&) = delete;
     pending& operator=(const pending&) = delete;
     ~pending() override {
-      untrack_in_flight(requests);
       if (collective_) return;
       for (auto& r : requests)
         if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
@@ -274,10 +265,6 @@ struct mesh {
   MPI_Comm world = MPI_COMM_NULL;
   std::size_t size = 0, rank = 0;
   std::map<std::string, std::unique_ptr<channel>> channels;
-  // The nonblocking calls in flight (their requests and counts), and the one thread that
-  // calls MPI (the environment's), on which progress_hook may test them.
-  std::vector<std::pair<MPI_Request*, int>> in_flight;
-  std::thread::id mpi_thread = std::this_thread::get_id();
   bool failed = false;  // a failure every process knows of (by an agreement): none needs to be told again
 
   // Failure notices: a process that fails sends "<where>\x02<its message>" to every other one
@@ -365,31 +352,6 @@ struct mesh {
 inline std::unique_ptr<mesh>& current_mesh() {
   static std::unique_ptr<mesh> instance;
   return instance;
-}
-
-/// MPI's turn, from an array operation (drive_progress): tests the calls in flight, so that
-/// a nonblocking collective's next steps start; failures are left for its wait() to report.
-inline void progress_in_flight() {
-  mesh* m = current_mesh().get();
-  if (!m || std::this_thread::get_id() != m->mpi_thread) return;
-  for (auto [requests, count] : m->in_flight) {
-    int done = 0;
-    MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE);
-  }
-}
-
-inline void track_in_flight(MPI_Request* requests, int count) {
-  mesh* m = current_mesh().get();
-  if (!m) return;
-  m->in_flight.emplace_back(requests, count);
-  progress_hook().store(&progress_in_flight, std::memory_order_relaxed);
-}
-
-inline void untrack_in_flight(MPI_Request* requests) {
-  mesh* m = current_mesh().get();
-  if (!m) return;
-  std::erase_if(m->in_flight, [requests](const auto& call) { return call.first == requests; });
-  if (m->in_flight.empty()) progress_hook().store(nullptr, std::memory_order_relaxed);
 }
 
 /// The process axes of the enclosing process maps. The world rank is, row-major, the indices
@@ -581,7 +543,7 @@ inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view c
   MPI_Status status;
   std::string notice;
   // Spin first (a small call completes within microseconds), then yield the core to the
-  // other processes and threads on it, then sleep.
+  // other processes and threads on it.
   for (unsigned polls = 0;; ++polls) {
     check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), call);
     if (done) {
@@ -599,10 +561,7 @@ inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view c
       notice.erase(0, second + 1);
       if (at < m.agreements || (at == m.agreements && !completed)) break;
     }
-    // A long wait sleeps between polls: its core goes to the processes and threads still
-    // computing (a peer's oversubscribed threads, whose work the call waits for).
-    if (polls > 4096) std::this_thread::sleep_for(std::chrono::microseconds(20));
-    else if (polls > 256) std::this_thread::yield();
+    if (polls > 256) std::this_thread::yield();
   }
   // This call stays pending (its communicator is dropped at the agreement that settles the failure).
   const auto cut = notice.find('\x02');

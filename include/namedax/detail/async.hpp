@@ -820,9 +820,6 @@ class scoped_install {
 template <class R, class Held, class Run>
 async_state<R> start_among_processes(std::string (*what)(), Held held, const Run& run) {
   auto start = std::make_shared<process_start>();
-  start->operand = std::make_shared<Held>(held);  // shares the payload's array
-  const auto* data = held.payload().data();
-  start->operand_begin = data, start->operand_end = data + held.payload().size();
   {
     scoped_install scope(process_start_in_progress(), start.get());
     try {

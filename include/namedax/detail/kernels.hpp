@@ -19,7 +19,6 @@
 
 #include <namedax/detail/buffers.hpp>
 #include <namedax/detail/fault.hpp>
-#include <namedax/detail/progress.hpp>
 
 #include <xtensor/xarray.hpp>
 #include <xsimd/xsimd.hpp>

@@ -46,12 +46,8 @@ inline bool placed_on_processes(std::span<const named_axis> axes) {
 struct process_start {
   enum class phase { starting, replaying } now = phase::starting;
   std::unique_ptr<process_channel::pending_call> pending;
-  std::shared_ptr<void> sent, received;  // what keeps the payload sent, and the output (an xt::xarray<T>)
+  std::shared_ptr<void> sent, received;  // a copy of the payload sent, and an xt::xarray<T> for the output
   bool called = false;                   // the run reached the MPI call
-  // The operand the start holds until its wait, and where its elements are: a payload sent
-  // from there needs no copy.
-  std::shared_ptr<void> operand;
-  const void *operand_begin = nullptr, *operand_end = nullptr;
 };
 /// What stops the start's run once its MPI call is started.
 struct started_among_processes {};
@@ -104,22 +100,11 @@ void exchange_across_processes(process_call<T>& call, xt::xarray<T>& out, Start 
     out = std::move(*std::static_pointer_cast<xt::xarray<T>>(async->received));
     return;
   }
-  // What MPI reads until the call is finished: the operand itself, when the payload lies in
-  // it; the row-major copy the path made; else a copy (a bool sum's int32 values).
-  const void* in = call.in.data;
-  if (call.contiguous.data() == call.in.data) {
-    async->sent = std::make_shared<xt::xarray<T>>(std::move(call.contiguous));  // the buffer moves along
-  } else if (std::less_equal<>{}(async->operand_begin, in) && std::less<>{}(in, async->operand_end)) {
-    async->sent = async->operand;
-  } else {
-    auto copy = std::make_shared<xt::xarray<T>>(uninitialized_array<T>(call.in.shape));
-    std::copy_n(call.in.data, copy->size(), copy->data());
-    in = copy->data(), async->sent = std::move(copy);
-  }
-  async->pending = start(*call.channel, static_cast<const T*>(in), out.data());
-  // The run stops here, so the call keeps `out`, whose pages are warm when it was reused (a
-  // fresh receive buffer made MPI fault its pages in: several times slower).
-  async->received = std::make_shared<xt::xarray<T>>(std::move(out));
+  auto sent = std::make_shared<xt::xarray<T>>(uninitialized_array<T>(call.in.shape));
+  std::copy_n(call.in.data, sent->size(), sent->data());
+  auto received = std::make_shared<xt::xarray<T>>(uninitialized_array<T>(out.shape()));
+  async->pending = start(*call.channel, sent->data(), received->data());
+  async->sent = std::move(sent), async->received = std::move(received);
   at_fault_point(fault_point::reading, call.verb);  // MPI may read and write the arrays from now on
   throw started_among_processes{};
 }
