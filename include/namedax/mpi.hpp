@@ -111,47 +111,36 @@ class channel final : public process_channel {
 
   [[nodiscard]] std::size_t size() const override { return size_; }
   [[nodiscard]] std::size_t rank() const override { return rank_; }
-  void allgather(const void* mine, void* all, std::size_t bytes) override { start_allgather(mine, all, bytes)->wait(); }
+  void allgather(const void* mine, void* all, std::size_t bytes) override {
+    const int n = count_of(bytes, "MPI_Allgather");
+    MPI_Request request;
+    check(MPI_Iallgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, comm_, &request), "MPI_Allgather");
+    finish(&request, 1, "MPI_Allgather");
+  }
   void allreduce(const void* in, void* out, std::size_t count, element_kind kind, fold_kind fold) override {
-    start_allreduce(in, out, count, kind, fold)->wait();
+    MPI_Request request;
+    check(MPI_Iallreduce(in, out, count_of(count, "MPI_Allreduce"), datatype_of(kind), op(kind, fold), comm_, &request),
+          "MPI_Allreduce");
+    finish(&request, 1, "MPI_Allreduce");
   }
   void reduce_scatter(const void* in, void* out, std::size_t count_each, element_kind kind, fold_kind fold) override {
-    start_reduce_scatter(in, out, count_each, kind, fold)->wait();
+    MPI_Request request;
+    check(MPI_Ireduce_scatter_block(in, out, count_of(count_each, "MPI_Reduce_scatter_block"), datatype_of(kind),
+                                    op(kind, fold), comm_, &request),
+          "MPI_Reduce_scatter_block");
+    finish(&request, 1, "MPI_Reduce_scatter_block");
   }
   void broadcast(void* data, std::size_t bytes, std::size_t root) override {
     const int n = count_of(bytes, "MPI_Bcast");
-    auto started = std::make_unique<pending>(*this, "MPI_Bcast", 1, true);
-    check(MPI_Ibcast(data, n, MPI_BYTE, static_cast<int>(root), comm_, &started->requests[0]), "MPI_Bcast");
-    started->wait();
+    MPI_Request request;
+    check(MPI_Ibcast(data, n, MPI_BYTE, static_cast<int>(root), comm_, &request), "MPI_Bcast");
+    finish(&request, 1, "MPI_Bcast");
   }
-  void alltoall(const void* in, void* out, std::size_t bytes_each) override { start_alltoall(in, out, bytes_each)->wait(); }
-  std::unique_ptr<pending_call> start_allgather(const void* mine, void* all, std::size_t bytes) override {
-    const int n = count_of(bytes, "MPI_Allgather");
-    auto started = std::make_unique<pending>(*this, "MPI_Allgather", 1, true);
-    check(MPI_Iallgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, comm_, &started->requests[0]), "MPI_Allgather");
-    return started;
-  }
-  std::unique_ptr<pending_call> start_allreduce(const void* in, void* out, std::size_t count, element_kind kind,
-                                                fold_kind fold) override {
-    auto started = std::make_unique<pending>(*this, "MPI_Allreduce", 1, true);
-    check(MPI_Iallreduce(in, out, count_of(count, "MPI_Allreduce"), datatype_of(kind), op(kind, fold), comm_,
-                         &started->requests[0]),
-          "MPI_Allreduce");
-    return started;
-  }
-  std::unique_ptr<pending_call> start_reduce_scatter(const void* in, void* out, std::size_t count_each, element_kind kind,
-                                                     fold_kind fold) override {
-    auto started = std::make_unique<pending>(*this, "MPI_Reduce_scatter_block", 1, true);
-    check(MPI_Ireduce_scatter_block(in, out, count_of(count_each, "MPI_Reduce_scatter_block"), datatype_of(kind),
-                                    op(kind, fold), comm_, &started->requests[0]),
-          "MPI_Reduce_scatter_block");
-    return started;
-  }
-  std::unique_ptr<pending_call> start_alltoall(const void* in, void* out, std::size_t bytes_each) override {
+  void alltoall(const void* in, void* out, std::size_t bytes_each) override {
     const int n = count_of(bytes_each, "MPI_Alltoall");
-    auto started = std::make_unique<pending>(*this, "MPI_Alltoall", 1, true);
-    check(MPI_Ialltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_, &started->requests[0]), "MPI_Alltoall");
-    return started;
+    MPI_Request request;
+    check(MPI_Ialltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_, &request), "MPI_Alltoall");
+    finish(&request, 1, "MPI_Alltoall");
   }
   void alltoallv(const void* in, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_at,
                  void* out, std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_at) override {
@@ -189,10 +178,10 @@ class channel final : public process_channel {
     finish(requests, 2, "MPI_Sendrecv");
   }
   /// MPI_Irecv and MPI_Isend now; wait() is the wait of sendrecv (wait_or_abandon).
-  std::unique_ptr<pending_call> start_sendrecv(const void* in, long to, void* out, long from,
-                                               std::size_t bytes) override {
+  std::unique_ptr<pending_sendrecv> start_sendrecv(const void* in, long to, void* out, long from,
+                                                   std::size_t bytes) override {
     const int n = count_of(bytes, "MPI_Sendrecv");
-    auto started = std::make_unique<pending>(*this, "MPI_Sendrecv", 2, false);
+    auto started = std::make_unique<pending>(*this);
     check(MPI_Irecv(out, n, MPI_BYTE, from < 0 ? MPI_PROC_NULL : static_cast<int>(from), 0, comm_, &started->requests[0]),
           "MPI_Sendrecv");
     check(MPI_Isend(in, n, MPI_BYTE, to < 0 ? MPI_PROC_NULL : static_cast<int>(to), 0, comm_, &started->requests[1]),
@@ -219,28 +208,22 @@ class channel final : public process_channel {
     return ops[(kind == element_kind::float64 ? 2 : 0) + (max ? 0 : 1)];
   }
 
-  /// A call in flight (`count` requests). Dropped before wait(), a sendrecv's requests are
-  /// freed (MPI completes them in the background); a collective's are left as they are, since
-  /// MPI forbids freeing them. Either way its owner keeps the buffers for the rest of the program.
-  class pending final : public pending_call {
+  /// A sendrecv in flight. Dropped before wait(), its requests are freed (MPI completes them
+  /// in the background) and its buffers are kept by its owner for the rest of the program.
+  class pending final : public pending_sendrecv {
    public:
-    pending(channel& c, std::string_view call, int count, bool collective)
-        : channel_(c), call_(call), count_(count), collective_(collective) {}
+    explicit pending(channel& c) : channel_(c) {}
     pending(const pending&) = delete;
     pending& operator=(const pending&) = delete;
     ~pending() override {
-      if (collective_) return;
       for (auto& r : requests)
         if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
     }
-    void wait() override { channel_.finish(requests, count_, call_); }
+    void wait() override { channel_.finish(requests, 2, "MPI_Sendrecv"); }
     MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 
    private:
     channel& channel_;
-    std::string_view call_;
-    int count_;
-    bool collective_;
   };
 
   void finish(MPI_Request* requests, int count, std::string_view call) {

@@ -26,7 +26,6 @@ struct process_call {
   process_channel* channel = nullptr;
   strided_block<T> in;
   xt::xarray<T> contiguous;
-  std::string_view verb;
 };
 
 /// Whether every axis is placed on processes and the operand varies along it, on a
@@ -37,76 +36,24 @@ inline bool placed_on_processes(std::span<const named_axis> axes) {
   });
 }
 
-/// An asynchronous collective among processes, run by the blocking collective's own code
-/// twice: at its start (`starting`) the process path agrees with the other processes and
-/// starts its MPI call (MPI_Iallreduce, ...) into `received`, then stops the run
-/// (started_among_processes); at wait() (`replaying`), once the call is finished, the path runs
-/// again without agreeing or calling MPI and takes `received` as the call's output, so that the
-/// result is the blocking one's, bit for bit. One MPI call per start: a single leaf.
-struct process_start {
-  enum class phase { starting, replaying } now = phase::starting;
-  std::unique_ptr<process_channel::pending_call> pending;
-  std::shared_ptr<void> sent, received;  // a copy of the payload sent, and an xt::xarray<T> for the output
-  bool called = false;                   // the run reached the MPI call
-};
-/// What stops the start's run once its MPI call is started.
-struct started_among_processes {};
-
-/// The asynchronous start or wait this thread is in, if any.
-inline process_start*& process_start_in_progress() {
-  thread_local process_start* current = nullptr;
-  return current;
-}
-
 template <class T>
 std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_block<T> in,
                                               std::span<const named_axis> axes, const std::optional<groups_t>& groups,
                                               bool equal_groups, std::string_view options) {
   if (!placed_on_processes(axes)) return std::nullopt;
-  const process_start* async = process_start_in_progress();
-  const bool replaying = async && async->now == process_start::phase::replaying;  // agreed at the start
-  if (!replaying) at_fault_point(fault_point::arrival, verb);
+  at_fault_point(fault_point::arrival, verb);
   std::vector<std::string_view> names;
   for (const auto& ax : axes) names.push_back(ax.name);
   (void)make_groups(verb, axes, groups, member_count(axes), equal_groups);  // throws on bad groups
-  process_call<T> call{nullptr, std::move(in), {}, verb};
+  process_call<T> call{nullptr, std::move(in), {}};
   make_row_major(call.in, call.contiguous);
   process_grid& grid = innermost_process_grid();
-  if (!replaying) {
-    const collective_call described = call_of<T>(verb, axes, options, groups, call.in.shape);
-    grid.agree(described.signature, described.what);
-  }
-  call.channel = &grid.channel(names, groups ? &*groups : nullptr);  // made by the first call: no exchange
+  const collective_call described = call_of<T>(verb, axes, options, groups, call.in.shape);
+  grid.agree(described.signature, described.what);
+  call.channel = &grid.channel(names, groups ? &*groups : nullptr);
   // From here on the other processes may be in the MPI call: a failure reaches them by a notice.
-  if (!replaying) at_fault_point(fault_point::exchanged, verb);
+  at_fault_point(fault_point::exchanged, verb);
   return call;
-}
-
-/// The MPI call of a process path into `out`: `start(channel, in, out)` starts it, and it is
-/// waited for here; in an asynchronous start it is left in flight, with a copy of the payload
-/// and its own output array, and the run stops; in the wait that array becomes `out`.
-template <class T, class Start>
-void exchange_across_processes(process_call<T>& call, xt::xarray<T>& out, Start start) {
-  process_start* async = process_start_in_progress();
-  if (!async) {
-    call_keeping([&] {
-      if (auto pending = start(*call.channel, call.in.data, out.data())) pending->wait();
-    }, out, call.contiguous);
-    return;
-  }
-  if (async->called) fail("namedax: internal error: an asynchronous start among processes made a second MPI call");
-  async->called = true;
-  if (async->now == process_start::phase::replaying) {
-    out = std::move(*std::static_pointer_cast<xt::xarray<T>>(async->received));
-    return;
-  }
-  auto sent = std::make_shared<xt::xarray<T>>(uninitialized_array<T>(call.in.shape));
-  std::copy_n(call.in.data, sent->size(), sent->data());
-  auto received = std::make_shared<xt::xarray<T>>(uninitialized_array<T>(out.shape()));
-  async->pending = start(*call.channel, sent->data(), received->data());
-  async->sent = std::move(sent), async->received = std::move(received);
-  at_fault_point(fault_point::reading, call.verb);  // MPI may read and write the arrays from now on
-  throw started_among_processes{};
 }
 
 /// Whether positional dim 0 of length `length` splits into one chunk per group member.
@@ -125,9 +72,8 @@ std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_across_process
   auto call = whole_payloads<T>(verb, in, axes, groups, false, options);
   if (!call) return std::nullopt;
   auto out = uninitialized_array<T>(call->in.shape);
-  exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
-    return c.start_allreduce(in, o, out.size(), element_kind_of<T>(), fold);
-  });
+  call_keeping([&] { call->channel->allreduce(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold); },
+               out, call->contiguous);
   xt::xarray<float> divisor = xt::xarray<float>::from_shape(std::vector<std::size_t>(in.shape.size(), 1));
   divisor.fill(static_cast<float>(call->channel->size()));
   return std::pair{std::move(out), std::move(divisor)};
@@ -146,9 +92,8 @@ std::optional<xt::xarray<T>> all_gather_across_processes(std::string_view verb, 
   if (tiled) shape[0] *= g;
   else insert_dim(shape, 0, g);
   auto out = uninitialized_array<T>(shape);
-  exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
-    return c.start_allgather(in, o, element_count(call->in.shape) * sizeof(T));
-  });
+  call_keeping([&] { call->channel->allgather(call->in.data, out.data(), element_count(call->in.shape) * sizeof(T)); },
+               out, call->contiguous);
   return out;
 }
 
@@ -169,9 +114,9 @@ std::optional<xt::xarray<T>> psum_scatter_across_processes(std::string_view verb
   if (tiled) shape[0] /= g;
   else shape.erase(shape.begin());
   auto out = uninitialized_array<T>(shape);
-  exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
-    return c.start_reduce_scatter(in, o, out.size(), element_kind_of<T>(), fold_kind::sum);
-  });
+  call_keeping(
+      [&] { call->channel->reduce_scatter(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold_kind::sum); },
+      out, call->contiguous);
   return out;
 }
 
@@ -187,9 +132,8 @@ std::optional<xt::xarray<T>> all_to_all_across_processes(std::string_view verb, 
                                 split_options(split_axis, concat_axis, tiled));
   if (!call) return std::nullopt;
   auto out = uninitialized_array<T>(call->in.shape);  // chunk k of every member lands at k: same shape
-  exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
-    return c.start_alltoall(in, o, out.size() / c.size() * sizeof(T));
-  });
+  call_keeping([&] { call->channel->alltoall(call->in.data, out.data(), out.size() / call->channel->size() * sizeof(T)); },
+               out, call->contiguous);
   return out;
 }
 
