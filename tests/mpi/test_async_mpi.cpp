@@ -2,7 +2,8 @@
 // namedax::async::ppermute over MPI processes, run under mpirun: MPI_Isend and MPI_Irecv at
 // the start, MPI_Wait at wait(); the same bits as vmap of the blocking ppermute, rings with two
 // handles in flight, and a handle dropped on one process reported on every process. The other
-// asynchronous collectives, which run at the start over processes: the blocking bits.
+// asynchronous collectives, which run at the start over processes: the blocking bits in any
+// wait order, and a process that fails between start and wait.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../test_support.hpp"
 
@@ -27,7 +28,6 @@ std::atomic<int> async_exchanges{0};
 void count_exchanges(namedax::detail::fault_point point, std::string_view operation) {
   if (point == namedax::detail::fault_point::exchanged && operation == "async::ppermute") ++async_exchanges;
 }
-
 pairs_t ring(std::size_t n) {
   pairs_t pairs;
   for (std::size_t k = 0; k < n; ++k) pairs.emplace_back(static_cast<int>(k), static_cast<int>((k + 1) % n));
@@ -120,7 +120,50 @@ TEST_SUITE("async over MPI") {
                   namedax::vmap<"i">([n](auto v) { return namedax::ppermute(v, "i"_ax, ring(n)); })(x));
   }
 
-  TEST_CASE("the other asynchronous collectives over processes run at the start and give the blocking bits") {
+  TEST_CASE("asynchronous collectives over processes give the blocking bits in any wait order, two in flight") {
+    const std::size_t n = processes;
+    std::mt19937 rng(21);
+    const auto x = namedax_test::random_array<float>(rng, {n, 2 * n, 3});
+    const bool reverse = world_rank % 2 == 1;  // odd processes wait in the other order
+    auto compare = [&](auto blocking, auto start) {
+      const auto got = namedax::mpi::pmap<"i">([&](auto v) {
+                      auto first = start(v);
+                      auto second = start(namedax::eval(v * 2.0f));  // in flight with the first
+                      if (reverse) {
+                        auto b = second.wait();
+                        return namedax::eval(first.wait() - b);
+                      }
+                      auto a = first.wait();
+                      return namedax::eval(a - second.wait());
+                    })(x);
+      CHECK_BITWISE(got, namedax::mpi::pmap<"i">([&](auto v) {
+                      return namedax::eval(blocking(v) - blocking(namedax::eval(v * 2.0f)));
+                    })(x));
+    };
+    compare([](auto v) { return namedax::psum(v, "i"_ax); }, [](auto v) { return namedax::async::psum(v, "i"_ax); });
+    compare([](auto v) { return namedax::pmean(v, "i"_ax); }, [](auto v) { return namedax::async::pmean(v, "i"_ax); });
+    compare([](auto v) { return namedax::pmin(v, "i"_ax); }, [](auto v) { return namedax::async::pmin(v, "i"_ax); });
+    compare([](auto v) { return namedax::psum(v > 0.0f, "i"_ax); },  // bools summed as int32
+            [](auto v) { return namedax::async::psum(v > 0.0f, "i"_ax); });
+    compare([](auto v) { return namedax::all_gather(v, "i"_ax); }, [](auto v) { return namedax::async::all_gather(v, "i"_ax); });
+    compare([](auto v) { return namedax::psum_scatter(v, "i"_ax, {.tiled = true}); },
+            [](auto v) { return namedax::async::psum_scatter(v, "i"_ax, {.tiled = true}); });
+    compare([](auto v) { return namedax::all_to_all(v, "i"_ax, 0, 0, {.tiled = true}); },
+            [](auto v) { return namedax::async::all_to_all(v, "i"_ax, 0, 0, {.tiled = true}); });
+    compare([](auto v) { return namedax::pdot(v, v, "i"_ax, {{0}, {0}}); },
+            [](auto v) { return namedax::async::pdot(v, v, "i"_ax, {{0}, {0}}); });
+    compare([](auto v) { return namedax::all_to_all(v, "i"_ax, 0, 1, {.tiled = true}); },
+            [](auto v) { return namedax::async::all_to_all(v, "i"_ax, 0, 1, {.tiled = true}); });
+    compare([](auto v) { return namedax::pbroadcast(v, "i"_ax, 1); },
+            [](auto v) { return namedax::async::pbroadcast(v, "i"_ax, 1); });
+    if (n == 4) {
+      const namedax::reduce_options pairs{.axis_index_groups = {{0, 2}, {1, 3}}};
+      compare([pairs](auto v) { return namedax::psum(v, "i"_ax, pairs); },
+              [pairs](auto v) { return namedax::async::psum(v, "i"_ax, pairs); });
+    }
+  }
+
+  TEST_CASE("the other asynchronous collectives over processes give the blocking bits") {
     const std::size_t n = processes;
     std::mt19937 rng(12);
     const auto x = namedax_test::random_array<float>(rng, {n, 2 * n, 3});
@@ -148,6 +191,28 @@ TEST_SUITE("async over MPI") {
     const std::string e = namedax_test::error_of([&] { namedax::mpi::pmap<"i">(dropped)(x); });
     INFO(e);
     CHECK(e.find("namedax::async::psum_scatter over ('i',): a handle was dropped without wait()") != std::string::npos);
+  }
+
+  TEST_CASE("a process that fails between the start and the wait of an asynchronous psum fails every process") {
+    const std::size_t n = processes;
+    const xt::xarray<float> x = xt::ones<float>({n, std::size_t{1} << 16});  // past MPI's eager sizes
+    auto failing = [](auto v) {
+      auto h = namedax::async::psum(v, "i"_ax);
+      if (namedax::axis_index("i"_ax) == 1) throw std::runtime_error("process 1 fails with its psum in flight");
+      return h.wait();
+    };
+    std::string e = "no error";
+    try {
+      namedax::mpi::pmap<"i">(failing)(x);
+    } catch (const std::exception& error) {
+      e = error.what();
+    }
+    INFO(e);
+    if (world_rank == 1) CHECK(e.find("process 1 fails with its psum in flight (thrown on process i=1 (rank 1))") != std::string::npos);
+    else CHECK(e.find("process i=1 (rank 1) threw: process 1 fails with its psum in flight") != std::string::npos);
+    // The processes go on: the next collective meets every one of them.
+    auto again = [](auto v) { return namedax::async::psum(v, "i"_ax).wait(); };
+    CHECK_BITWISE(namedax::mpi::pmap<"i">(again)(x), namedax::mpi::pmap<"i">([](auto v) { return namedax::psum(v, "i"_ax); })(x));
   }
 }
 
