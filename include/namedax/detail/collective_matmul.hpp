@@ -17,17 +17,11 @@
 
 namespace namedax::detail {
 
-/// The ring that moves every index's block to the next index: (d, d + 1 mod n).
-inline std::vector<std::pair<int, int>> ring_to_next(int n) {
+/// The ring that moves every index's block `step` indices on (1: to the next index, -1: to
+/// the previous one): the pairs (d, d + step mod n).
+inline std::vector<std::pair<int, int>> ring_shift(int n, int step) {
   std::vector<std::pair<int, int>> pairs;
-  for (int d = 0; d < n; ++d) pairs.emplace_back(d, (d + 1) % n);
-  return pairs;
-}
-
-/// The ring the other way: (d, d - 1 mod n).
-inline std::vector<std::pair<int, int>> ring_to_previous(int n) {
-  std::vector<std::pair<int, int>> pairs;
-  for (int d = 0; d < n; ++d) pairs.emplace_back(d, (d + n - 1) % n);
+  for (int d = 0; d < n; ++d) pairs.emplace_back(d, ((d + step) % n + n) % n);
   return pairs;
 }
 
@@ -71,7 +65,7 @@ auto all_gather_matmul_ring(const X& x, const W& w, const A& axis) {
   require_matrix<Verb>(x);
   const int n = namedax::axis_size(axis);
   const auto me = namedax::axis_index(axis);
-  const auto ring = ring_to_next(n);
+  const auto ring = ring_shift(n, 1);
   const int rows = static_cast<int>(x.shape()[0]);
   auto block = namedax::eval(namedax::pvary(x, axis));
   if (n == 1) return gathered_rows(block_product(block, w), me, n);
@@ -95,7 +89,7 @@ auto all_gather_matmul_bidirectional(const X& x, const W& w, const A& axis) {
   const auto me = namedax::axis_index(axis);
   const int rows = static_cast<int>(x.shape()[0]);
   const int ahead = n / 2, behind = (n - 1) / 2;  // the steps of the blocks from behind and from ahead
-  const auto next = ring_to_next(n), previous = ring_to_previous(n);
+  const auto next = ring_shift(n, 1), previous = ring_shift(n, -1);
   auto from_behind = namedax::eval(namedax::pvary(x, axis));
   auto from_ahead = from_behind;
   if (n == 1) return gathered_rows(block_product(from_behind, w), me, n);
@@ -132,7 +126,7 @@ auto matmul_reduce_scatter_ring(const X& x, const W& w, const A& axis) {
   const int n = namedax::axis_size(axis);
   const int rows = rows_per_index<Verb, A>(x, n);
   const auto me = namedax::axis_index(axis);
-  const auto ring = ring_to_next(n);
+  const auto ring = ring_shift(n, 1);
   auto partial = namedax::eval(namedax::pvary(product_for(x, w, (me + (n - 1)) % n, rows), axis));
   for (int step = 1; step < n; ++step) {
     auto handle = namedax::async::ppermute(partial, axis, ring);
@@ -152,7 +146,7 @@ auto matmul_reduce_scatter_bidirectional(const X& x, const W& w, const A& axis) 
   const int rows = rows_per_index<Verb, A>(x, n);
   const auto me = namedax::axis_index(axis);
   const int ahead = n / 2, behind = (n - 1) / 2;  // the steps of the sums moving forward and back
-  const auto next = ring_to_next(n), previous = ring_to_previous(n);
+  const auto next = ring_shift(n, 1), previous = ring_shift(n, -1);
   auto forward = namedax::eval(namedax::pvary(product_for(x, w, (me + ahead) % n, rows), axis));
   auto backward = forward;
   if (behind > 0) backward = namedax::eval(namedax::pvary(product_for(x, w, (me + (n - behind)) % n, rows), axis));
