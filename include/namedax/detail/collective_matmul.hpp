@@ -88,22 +88,23 @@ auto all_gather_matmul_bidirectional(const X& x, const W& w, const A& axis) {
   const int n = namedax::axis_size(axis);
   const auto me = namedax::axis_index(axis);
   const int rows = static_cast<int>(x.shape()[0]);
-  const int ahead = n / 2, behind = (n - 1) / 2;  // the steps of the blocks from behind and from ahead
+  // The steps of the blocks moving forward (from the indices behind) and back (from ahead).
+  const int forward_steps = n / 2, backward_steps = (n - 1) / 2;
   const auto next = ring_shift(n, 1), previous = ring_shift(n, -1);
   auto from_behind = namedax::eval(namedax::pvary(x, axis));
   auto from_ahead = from_behind;
   if (n == 1) return gathered_rows(block_product(from_behind, w), me, n);
   auto to_next = namedax::async::ppermute(from_behind, axis, next);
   decltype(to_next) to_previous;
-  if (behind > 0) to_previous = namedax::async::ppermute(from_ahead, axis, previous);
+  if (backward_steps > 0) to_previous = namedax::async::ppermute(from_ahead, axis, previous);
   auto out = gathered_rows(block_product(from_behind, w), me, n);
-  for (int step = 1; step <= ahead; ++step) {
-    const bool both = step <= behind;
+  for (int step = 1; step <= forward_steps; ++step) {
+    const bool both = step <= backward_steps;
     from_behind = to_next.wait();
-    if (step < ahead) to_next = namedax::async::ppermute(from_behind, axis, next);
+    if (step < forward_steps) to_next = namedax::async::ppermute(from_behind, axis, next);
     if (both) {
       from_ahead = to_previous.wait();
-      if (step < behind) to_previous = namedax::async::ppermute(from_ahead, axis, previous);
+      if (step < backward_steps) to_previous = namedax::async::ppermute(from_ahead, axis, previous);
     }
     out = update_slice_in_place(std::move(out), block_product(from_behind, w), std::tuple{((me + (n - step)) % n) * rows, 0});
     if (both) out = update_slice_in_place(std::move(out), block_product(from_ahead, w), std::tuple{((me + step) % n) * rows, 0});
@@ -145,26 +146,26 @@ auto matmul_reduce_scatter_bidirectional(const X& x, const W& w, const A& axis) 
   const int n = namedax::axis_size(axis);
   const int rows = rows_per_index<Verb, A>(x, n);
   const auto me = namedax::axis_index(axis);
-  const int ahead = n / 2, behind = (n - 1) / 2;  // the steps of the sums moving forward and back
+  const int forward_steps = n / 2, backward_steps = (n - 1) / 2;  // of the sums moving forward and back
   const auto next = ring_shift(n, 1), previous = ring_shift(n, -1);
-  auto forward = namedax::eval(namedax::pvary(product_for(x, w, (me + ahead) % n, rows), axis));
+  auto forward = namedax::eval(namedax::pvary(product_for(x, w, (me + forward_steps) % n, rows), axis));
   auto backward = forward;
-  if (behind > 0) backward = namedax::eval(namedax::pvary(product_for(x, w, (me + (n - behind)) % n, rows), axis));
-  for (int step = 1; step <= ahead; ++step) {
+  if (backward_steps > 0) backward = namedax::eval(namedax::pvary(product_for(x, w, (me + (n - backward_steps)) % n, rows), axis));
+  for (int step = 1; step <= forward_steps; ++step) {
     auto to_next = namedax::async::ppermute(forward, axis, next);
     decltype(to_next) to_previous;
-    if (step <= behind) to_previous = namedax::async::ppermute(backward, axis, previous);
-    auto mine = product_for(x, w, (me + (ahead - step)) % n, rows);  // at the last step, its own rows
-    if (step < behind) {
-      auto mine_back = product_for(x, w, (me + (n - behind + step)) % n, rows);
+    if (step <= backward_steps) to_previous = namedax::async::ppermute(backward, axis, previous);
+    auto mine = product_for(x, w, (me + (forward_steps - step)) % n, rows);  // at the last step, its own rows
+    if (step < backward_steps) {
+      auto mine_back = product_for(x, w, (me + (n - backward_steps + step)) % n, rows);
       forward = to_next.wait() + mine;
       backward = to_previous.wait() + mine_back;
     } else {
       forward = to_next.wait() + mine;
-      if (step == behind) backward = to_previous.wait();
+      if (step == backward_steps) backward = to_previous.wait();
     }
   }
-  if (behind > 0) forward = forward + backward;
+  if (backward_steps > 0) forward = forward + backward;
   return forward;
 }
 
