@@ -27,8 +27,7 @@ struct all_gather_matmul_fn {
   static constexpr std::string_view name = "all_gather_matmul";
   template <NamedValue X, Operand W, Axis A>
   auto operator()(const X& x, const W& w, const A& axis, const collective_matmul_options& options = {}) const {
-    if (options.bidirectional) return detail::all_gather_matmul_bidirectional<all_gather_matmul_fn>(x, w, axis);
-    return detail::all_gather_matmul_ring<all_gather_matmul_fn>(x, w, axis);
+    return detail::all_gather_matmul_ring<all_gather_matmul_fn>(x, w, axis, options.bidirectional);
   }
   /// Differentiated (namedax::grad) in x, w or both.
   template <class X, class W, Axis A>
@@ -55,8 +54,7 @@ struct matmul_reduce_scatter_fn {
   static constexpr std::string_view name = "matmul_reduce_scatter";
   template <NamedValue X, Operand W, Axis A>
   auto operator()(const X& x, const W& w, const A& axis, const collective_matmul_options& options = {}) const {
-    if (options.bidirectional) return detail::matmul_reduce_scatter_bidirectional<matmul_reduce_scatter_fn>(x, w, axis);
-    return detail::matmul_reduce_scatter_ring<matmul_reduce_scatter_fn>(x, w, axis);
+    return detail::matmul_reduce_scatter_ring<matmul_reduce_scatter_fn>(x, w, axis, options.bidirectional);
   }
   /// Differentiated (namedax::grad) in x, w or both.
   template <class X, class W, Axis A>

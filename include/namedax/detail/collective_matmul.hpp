@@ -58,56 +58,42 @@ auto gathered_rows(const P& own, const Me& me, int n) {
   return namedax::eval(namedax::dynamic_update_slice(empty, own, std::tuple{me * rows, 0}));
 }
 
-/// At step s an index holds the block of index (me - s) mod n, whose product fills that
-/// index's rows of the result; the block moves on while the product is computed.
-template <class Verb, class X, class W, class A>
-auto all_gather_matmul_ring(const X& x, const W& w, const A& axis) {
-  require_matrix<Verb>(x);
-  const int n = namedax::axis_size(axis);
-  const auto me = namedax::axis_index(axis);
-  const auto ring = ring_shift(n, 1);
-  const int rows = static_cast<int>(x.shape()[0]);
-  auto block = namedax::eval(namedax::pvary(x, axis));
-  if (n == 1) return gathered_rows(block_product(block, w), me, n);
-  auto handle = namedax::async::ppermute(block, axis, ring);  // in flight while the own block is multiplied
-  auto out = gathered_rows(block_product(block, w), me, n);
-  for (int step = 1; step < n; ++step) {
-    block = handle.wait();
-    if (step + 1 < n) handle = namedax::async::ppermute(block, axis, ring);
-    out = update_slice_in_place(std::move(out), block_product(block, w), std::tuple{((me + (n - step)) % n) * rows, 0});
-  }
-  return out;
-}
+/// How many steps a ring's blocks (or partial sums) take forward, to the next index, and back,
+/// to the previous one: n - 1 and 0 one way; n / 2 and (n - 1) / 2 both ways.
+struct ring_step_counts {
+  int forward, backward;
+  ring_step_counts(int n, bool both_ways) : forward(both_ways ? n / 2 : n - 1), backward(both_ways ? (n - 1) / 2 : 0) {}
+};
 
-/// Both directions at once: at step s an index holds the blocks of indices (me - s) and
-/// (me + s) mod n, one from each neighbour, and multiplies both while the next two travel;
-/// after n / 2 steps it has every block. Each block's product is the unidirectional ring's.
+/// At step s an index holds the block of index (me - s) mod n, moving forward, and both ways
+/// also the block of (me + s) mod n, moving back; each block's product fills its index's rows
+/// of the result while the next blocks travel. Every block's product is the same matmul either
+/// way, so both give the same bits.
 template <class Verb, class X, class W, class A>
-auto all_gather_matmul_bidirectional(const X& x, const W& w, const A& axis) {
+auto all_gather_matmul_ring(const X& x, const W& w, const A& axis, bool both_ways) {
   require_matrix<Verb>(x);
   const int n = namedax::axis_size(axis);
   const auto me = namedax::axis_index(axis);
   const int rows = static_cast<int>(x.shape()[0]);
-  // The steps of the blocks moving forward (from the indices behind) and back (from ahead).
-  const int forward_steps = n / 2, backward_steps = (n - 1) / 2;
+  const ring_step_counts steps(n, both_ways);
   const auto next = ring_shift(n, 1), previous = ring_shift(n, -1);
   auto from_behind = namedax::eval(namedax::pvary(x, axis));
   auto from_ahead = from_behind;
   if (n == 1) return gathered_rows(block_product(from_behind, w), me, n);
-  auto to_next = namedax::async::ppermute(from_behind, axis, next);
+  auto to_next = namedax::async::ppermute(from_behind, axis, next);  // in flight while the own block is multiplied
   decltype(to_next) to_previous;
-  if (backward_steps > 0) to_previous = namedax::async::ppermute(from_ahead, axis, previous);
+  if (steps.backward > 0) to_previous = namedax::async::ppermute(from_ahead, axis, previous);
   auto out = gathered_rows(block_product(from_behind, w), me, n);
-  for (int step = 1; step <= forward_steps; ++step) {
-    const bool both = step <= backward_steps;
+  for (int step = 1; step <= steps.forward; ++step) {
+    const bool back = step <= steps.backward;
     from_behind = to_next.wait();
-    if (step < forward_steps) to_next = namedax::async::ppermute(from_behind, axis, next);
-    if (both) {
+    if (step < steps.forward) to_next = namedax::async::ppermute(from_behind, axis, next);
+    if (back) {
       from_ahead = to_previous.wait();
-      if (step < backward_steps) to_previous = namedax::async::ppermute(from_ahead, axis, previous);
+      if (step < steps.backward) to_previous = namedax::async::ppermute(from_ahead, axis, previous);
     }
     out = update_slice_in_place(std::move(out), block_product(from_behind, w), std::tuple{((me + (n - step)) % n) * rows, 0});
-    if (both) out = update_slice_in_place(std::move(out), block_product(from_ahead, w), std::tuple{((me + step) % n) * rows, 0});
+    if (back) out = update_slice_in_place(std::move(out), block_product(from_ahead, w), std::tuple{((me + step) % n) * rows, 0});
   }
   return out;
 }
@@ -120,52 +106,36 @@ auto product_for(const X& x, const W& w, const Owner& owner, int rows) {
   return block_product(part, w);
 }
 
-/// At step s an index adds its product for the rows of index (me - 1 - s) mod n to the
-/// partial sum it received; after n - 1 moves the sum for its own rows is complete.
+/// The partial sum for index t's rows starts steps.forward indices behind t and moves forward,
+/// each index adding its product for those rows, t's own last; both ways a second one starts
+/// steps.backward indices ahead of t and moves back, and t adds it to the first. One way the
+/// sum runs in ring order; both ways in another order, so the two may differ in rounding.
 template <class Verb, class X, class W, class A>
-auto matmul_reduce_scatter_ring(const X& x, const W& w, const A& axis) {
+auto matmul_reduce_scatter_ring(const X& x, const W& w, const A& axis, bool both_ways) {
   const int n = namedax::axis_size(axis);
   const int rows = rows_per_index<Verb, A>(x, n);
   const auto me = namedax::axis_index(axis);
-  const auto ring = ring_shift(n, 1);
-  auto partial = namedax::eval(namedax::pvary(product_for(x, w, (me + (n - 1)) % n, rows), axis));
-  for (int step = 1; step < n; ++step) {
-    auto handle = namedax::async::ppermute(partial, axis, ring);
-    auto mine = product_for(x, w, (me + (2 * n - 1 - step)) % n, rows);
-    partial = handle.wait() + mine;
-  }
-  return partial;
-}
-
-/// Two partial sums per index's rows, one travelling each way: the one for index t starts
-/// n / 2 indices behind it and gathers the products of those indices and t's own; the other
-/// starts (n - 1) / 2 indices ahead. They meet at t after n / 2 steps and are added there
-/// (the first plus the second), so the sum's order differs from the unidirectional ring's.
-template <class Verb, class X, class W, class A>
-auto matmul_reduce_scatter_bidirectional(const X& x, const W& w, const A& axis) {
-  const int n = namedax::axis_size(axis);
-  const int rows = rows_per_index<Verb, A>(x, n);
-  const auto me = namedax::axis_index(axis);
-  const int forward_steps = n / 2, backward_steps = (n - 1) / 2;  // of the sums moving forward and back
+  const ring_step_counts steps(n, both_ways);
   const auto next = ring_shift(n, 1), previous = ring_shift(n, -1);
-  auto forward = namedax::eval(namedax::pvary(product_for(x, w, (me + forward_steps) % n, rows), axis));
+  auto forward = namedax::eval(namedax::pvary(product_for(x, w, (me + steps.forward) % n, rows), axis));
   auto backward = forward;
-  if (backward_steps > 0) backward = namedax::eval(namedax::pvary(product_for(x, w, (me + (n - backward_steps)) % n, rows), axis));
-  for (int step = 1; step <= forward_steps; ++step) {
+  if (steps.backward > 0)
+    backward = namedax::eval(namedax::pvary(product_for(x, w, (me + (n - steps.backward)) % n, rows), axis));
+  for (int step = 1; step <= steps.forward; ++step) {
     auto to_next = namedax::async::ppermute(forward, axis, next);
     decltype(to_next) to_previous;
-    if (step <= backward_steps) to_previous = namedax::async::ppermute(backward, axis, previous);
-    auto mine = product_for(x, w, (me + (forward_steps - step)) % n, rows);  // at the last step, its own rows
-    if (step < backward_steps) {
-      auto mine_back = product_for(x, w, (me + (n - backward_steps + step)) % n, rows);
+    if (step <= steps.backward) to_previous = namedax::async::ppermute(backward, axis, previous);
+    auto mine = product_for(x, w, (me + (steps.forward - step)) % n, rows);  // at the last step, its own rows
+    if (step < steps.backward) {
+      auto mine_back = product_for(x, w, (me + (n - steps.backward + step)) % n, rows);
       forward = to_next.wait() + mine;
       backward = to_previous.wait() + mine_back;
     } else {
       forward = to_next.wait() + mine;
-      if (step == backward_steps) backward = to_previous.wait();
+      if (step == steps.backward) backward = to_previous.wait();
     }
   }
-  if (backward_steps > 0) forward = forward + backward;
+  if (steps.backward > 0) forward = forward + backward;
   return forward;
 }
 
