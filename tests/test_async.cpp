@@ -594,6 +594,8 @@ void check_collectives_same_as_blocking(std::mt19937& rng, int n) {
   const xt::xarray<T> w = namedax_test::random_array<T>(rng, {b, 3});  // plain, the same on every index
   both([w](auto x) { return namedax::pdot(x, w, "i"_ax, {{1}, {0}}); },
        [w](auto x) { return namedax::async::pdot(x, w, "i"_ax, {{1}, {0}}); });
+  both([](auto x) { return namedax::pargmax(x, "i"_ax); }, [](auto x) { return namedax::async::pargmax(x, "i"_ax); });
+  both([](auto x) { return namedax::pargmin(x, "i"_ax); }, [](auto x) { return namedax::async::pargmin(x, "i"_ax); });
   std::vector<int> perm(u);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
@@ -609,6 +611,8 @@ void check_collectives_same_as_blocking(std::mt19937& rng, int n) {
     const namedax::reduce_options pairs{.axis_index_groups = {{0, 2}, {1, 3}}};
     both([pairs](auto x) { return namedax::psum(x, "i"_ax, pairs); },
          [pairs](auto x) { return namedax::async::psum(x, "i"_ax, pairs); });
+    both([pairs](auto x) { return namedax::pargmax(x, "i"_ax, pairs); },
+         [pairs](auto x) { return namedax::async::pargmax(x, "i"_ax, pairs); });
     const namedax::all_gather_options gathered{.axis_index_groups = {{3, 1}, {0, 2}}, .tiled = true};
     both([gathered](auto x) { return namedax::all_gather(x, "i"_ax, gathered); },
          [gathered](auto x) { return namedax::async::all_gather(x, "i"_ax, gathered); });
@@ -669,6 +673,55 @@ TEST_SUITE("async collectives") {
     CHECK_BITWISE(namedax::pmap<"i">(namedax::pmap<"j">(both_axes))(xs), nested);
   }
 
+  TEST_CASE("async::pargmax and pargmin with ties, NaN and signed zeros, over device and vectorized axes at once") {
+    // Values from a small set, so that indices tie, some hold NaN, and +0 meets -0.
+    std::mt19937 rng(1205);
+    const float pick[] = {-1.f, 0.f, -0.f, 2.f, 2.f, std::nanf("")};
+    xt::xarray<float> xs = xt::xarray<float>::from_shape({4, 3, 6});
+    for (auto& v : xs) v = pick[std::uniform_int_distribution<int>(0, 5)(rng)];
+    // JAX's semantics by hand: the lowest index holding the extreme; the largest int32 where any
+    // index holds a NaN.
+    auto by_hand = [&](bool max) {
+      xt::xarray<std::int32_t> r = xt::xarray<std::int32_t>::from_shape({3, 6});
+      for (std::size_t c = 0; c < 3; ++c)
+        for (std::size_t d = 0; d < 6; ++d) {
+          std::int32_t at = 0;
+          bool nan = false;
+          for (std::size_t i = 0; i < 4; ++i) {
+            const float v = xs(i, c, d), best = xs(at, c, d);
+            nan = nan || std::isnan(v);
+            if (max ? best < v : v < best) at = static_cast<std::int32_t>(i);
+          }
+          r(c, d) = nan ? std::numeric_limits<std::int32_t>::max() : at;
+        }
+      return r;
+    };
+    const auto max_by_hand = by_hand(true), min_by_hand = by_hand(false);
+    REQUIRE(xt::any(xt::equal(max_by_hand, std::numeric_limits<std::int32_t>::max())));  // NaN reached
+    auto flat = [](auto x) {
+      auto hmax = namedax::async::pargmax(x, "i"_ax);
+      auto hmin = namedax::async::pargmin(x, "i"_ax);
+      auto min = hmin.wait();  // in the other order than started
+      return std::pair{hmax.wait(), min};
+    };
+    auto flat_blocking = [](auto x) { return std::pair{namedax::pargmax(x, "i"_ax), namedax::pargmin(x, "i"_ax)}; };
+    for (const auto& [max, min] : {namedax::vmap<"i">(flat_blocking)(xs), namedax::pmap<"i">(flat)(xs),
+                                   namedax::vmap<"i">(flat)(xs)}) {
+      CHECK_BITWISE(max, xt::xarray<std::int32_t>(xt::broadcast(max_by_hand, {4, 3, 6})));
+      CHECK_BITWISE(min, xt::xarray<std::int32_t>(xt::broadcast(min_by_hand, {4, 3, 6})));
+    }
+    // A pytree over ("i", "j"): "i" among devices or vectorized, "j" the other way or the same.
+    auto nested_blocking = [](auto x) { return namedax::pargmax(std::pair{x, -x}, namedax::axes("i"_ax, "j"_ax)); };
+    auto nested = [](auto x) { return namedax::async::pargmax(std::pair{x, -x}, namedax::axes("i"_ax, "j"_ax)).wait(); };
+    const auto expected = namedax::vmap<"i">(namedax::vmap<"j">(nested_blocking))(xs);
+    for (const auto& [a, b] : {namedax::pmap<"i">(namedax::vmap<"j">(nested))(xs),
+                               namedax::vmap<"i">(namedax::pmap<"j">(nested))(xs),
+                               namedax::pmap<"i">(namedax::pmap<"j">(nested))(xs)}) {
+      CHECK_BITWISE(a, expected.first);
+      CHECK_BITWISE(b, expected.second);
+    }
+  }
+
   TEST_CASE("asynchronous collectives misused: dropped, waited twice, a device that never starts, different calls") {
     xt::xarray<float> xs = xt::arange<float>(8).reshape({4, 2});
     auto dropped = [](auto x) {
@@ -715,7 +768,7 @@ TEST_SUITE("async collectives") {
     CHECK(contains(e3, "scatter_dimension"));
   }
 
-  TEST_CASE("a device that fails at any point of an asynchronous all-reduce, gather or all_to_all fails the map") {
+  TEST_CASE("a device that fails at any point of an asynchronous all-reduce, gather, all_to_all or pargmax fails the map") {
     namedax::detail::fault_injection() = &inject;
     struct restore {
       ~restore() { namedax::detail::fault_injection() = nullptr; }
@@ -723,7 +776,7 @@ TEST_SUITE("async collectives") {
     int faulted = 0;
     for (fault_point point : {fault_point::arrival, fault_point::exchanged, fault_point::reading}) {
       for (int victim : {0, 3}) {
-        for (int verb = 0; verb < 3; ++verb) {
+        for (int verb = 0; verb < 4; ++verb) {
           plan.point = point;
           plan.fired = 0;
           const xt::xarray<float> xs = xt::ones<float>({std::size_t{4}, std::size_t{8}});
@@ -734,7 +787,8 @@ TEST_SUITE("async collectives") {
               // Each typed as varying along "i", as the all_to_all's result is.
               if (verb == 0) return namedax::eval(v + namedax::async::psum(v, "i"_ax).wait());
               if (verb == 1) return namedax::eval(v + namedax::sum(namedax::async::all_gather(v, "i"_ax).wait(), 0));
-              return namedax::eval(v + namedax::async::all_to_all(v, "i"_ax, 0, 0, {.tiled = true}).wait() * 4.0f);
+              if (verb == 2) return namedax::eval(v + namedax::async::all_to_all(v, "i"_ax, 0, 0, {.tiled = true}).wait() * 4.0f);
+              return namedax::eval(v + namedax::cast<float>(namedax::async::pargmax(v, "i"_ax).wait()));
             };
             try {
               armed = d == victim;
@@ -762,6 +816,6 @@ TEST_SUITE("async collectives") {
         }
       }
     }
-    CHECK(faulted == 3 * 2 * 3);
+    CHECK(faulted == 3 * 2 * 4);
   }
 }

@@ -228,6 +228,42 @@ struct pshuffle_fn : detail::started<pshuffle_fn, namedax::pshuffle_fn, false> {
 };
 inline constexpr pshuffle_fn pshuffle{};
 
+namespace detail {
+/// pargmax and pargmin, with the blocking forms' overloads.
+template <class Verb, class Blocking, namedax::detail::reduction Extreme>
+struct arg_extreme_fn {
+  template <class X, AxisArgument A>
+  [[nodiscard]] auto operator()(const X& x, const A& axes) const {
+    return handle_of(namedax::detail::start_arg_extreme<Verb, Extreme>(
+        x, axes, [axes](const auto& value) { return Blocking{}(value, axes); }));
+  }
+  /// With groups, the result is computed at start.
+  template <class X, AxisArgument A>
+  [[nodiscard]] auto operator()(const X& x, const A& axes, const reduce_options& options) const {
+    return handle_of(namedax::detail::computed_at_start<Verb>(x, axes, [&] { return Blocking{}(x, axes, options); }));
+  }
+};
+}  // namespace detail
+
+/// pargmax started now and waited later: `wait()` gives namedax::pargmax(x, axes) bit for bit
+/// (the lowest linear index along the axes holding the maximum; the largest int32 where an
+/// index holds a NaN). Among device threads and without groups the start leaves the operand
+/// for the other devices, as async::all_gather does, and the wait finds the index from the
+/// members' blocks: the devices meet once, where the blocking form meets them twice (a pmax,
+/// then a pmin of the candidates). With groups, under vmap and among processes it runs at start.
+///   auto h = namedax::async::pargmax(scores, "expert"_ax);
+///   auto logits = namedax::eval(x * w);  // computed meanwhile
+///   auto best = h.wait();                // the expert with the highest score, per token
+struct pargmax_fn : detail::arg_extreme_fn<pargmax_fn, namedax::pargmax_fn, namedax::detail::reduction::max> {
+  static constexpr std::string_view name = "async::pargmax";
+};
+/// pargmin started now and waited later, as async::pargmax (the lowest index of the minimum).
+struct pargmin_fn : detail::arg_extreme_fn<pargmin_fn, namedax::pargmin_fn, namedax::detail::reduction::min> {
+  static constexpr std::string_view name = "async::pargmin";
+};
+inline constexpr pargmax_fn pargmax{};
+inline constexpr pargmin_fn pargmin{};
+
 /// pdot started now and waited later: the local contraction runs at start (its errors are
 /// reported there, in pdot's words), and its sum over the axes is started as async::psum
 /// starts one, so wait() gives namedax::pdot(x, y, axes, ...) bit for bit. The tensor-parallel

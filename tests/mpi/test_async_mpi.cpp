@@ -156,6 +156,7 @@ TEST_SUITE("async over MPI") {
             [](auto v) { return namedax::async::all_to_all(v, "i"_ax, 0, 1, {.tiled = true}); });
     compare([](auto v) { return namedax::pbroadcast(v, "i"_ax, 1); },
             [](auto v) { return namedax::async::pbroadcast(v, "i"_ax, 1); });
+    compare([](auto v) { return namedax::pargmax(v, "i"_ax); }, [](auto v) { return namedax::async::pargmax(v, "i"_ax); });
     if (n == 4) {
       const namedax::reduce_options pairs{.axis_index_groups = {{0, 2}, {1, 3}}};
       compare([pairs](auto v) { return namedax::psum(v, "i"_ax, pairs); },

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -789,6 +790,12 @@ std::optional<xt::svector<std::string_view, 8>> met_among_threads() {
   return names;
 }
 
+template <class X>
+constexpr void require_not_traced() {
+  static_assert(!Traced<X>, "namedax::grad: asynchronous collectives have no derivative rule; in a differentiated "
+                            "function use the blocking collective, whose rule is its transpose");
+}
+
 /// Starts the collective that `run(x)` computes (a blocking collective with its axes and
 /// options bound; `options` and `groups` as its frames write them into their signature).
 /// Among device threads, when every leaf is sent as it is (leaves_sent_as_they_are) and
@@ -800,8 +807,7 @@ std::optional<xt::svector<std::string_view, 8>> met_among_threads() {
 template <class Verb, bool Sums, class X, class A, class Run>
 auto start_collective(const X& x, const A& axes, std::string_view options, const std::optional<groups_t>& groups,
                       Run run) {
-  static_assert(!Traced<X>, "namedax::grad: asynchronous collectives have no derivative rule; in a differentiated "
-                            "function use the blocking collective, whose rule is its transpose");
+  require_not_traced<X>();
   using R = decltype(run(x));
   return [&]<std::size_t P, class... Names>(const axis_list<P, Names...>&) {
     std::string (*what)() = &async_what<Verb, Names...>;
@@ -865,6 +871,58 @@ auto start_collective(const X& x, const A& axes, std::string_view options, const
       }
     }
     return async_state<R>(what, run(x));
+  }(to_axis_list(axes));
+}
+
+/// pargmax's index (Extreme max) or pargmin's (min) from `gathered`, the operand gathered
+/// along the axes without groups, member k's block at index k of dim 0, k its linear index
+/// along the axes: the lowest k holding the extreme, or the largest int32 where a member holds
+/// a NaN, which is what the blocking form's pmax, where and pmin give.
+template <reduction Extreme, class G>
+auto arg_extreme_of_gathered(const G& gathered) {
+  using T = typename G::value_type;
+  xt::xarray<T> storage;
+  strided_block<T> all = block_in_memory<T>(gathered.payload(), storage);
+  make_row_major(all, storage);
+  const dims_t shape(all.shape.begin() + 1, all.shape.end());
+  auto out = uninitialized_array<std::int32_t>(shape);
+  const std::size_t members = all.shape.front(), count = out.size();
+  for (std::size_t e = 0; e < count; ++e) {
+    T best = all.data[e];
+    bool nan = best != best;
+    std::int32_t at = 0;
+    for (std::size_t k = 1; k < members; ++k) {
+      const T v = all.data[k * count + e];
+      nan = nan || v != v;
+      if (Extreme == reduction::max ? best < v : v < best) best = v, at = static_cast<std::int32_t>(k);
+    }
+    out.data()[e] = nan ? std::numeric_limits<std::int32_t>::max() : at;
+  }
+  return make_named<shared_array<std::int32_t>, typename G::env_type, G::varying>(share_array(std::move(out)));
+}
+
+/// Starts pargmax (Extreme max) or pargmin (min) without groups, whose blocking form
+/// `blocking(x)` meets the devices twice (its second reduction reads the first one's result):
+/// the start leaves the operand as async::all_gather's does, and the wait gathers the members'
+/// blocks and finds the extreme's index itself, so the devices meet once. Every case that runs
+/// at start runs the blocking form.
+template <class Verb, reduction Extreme, class X, class A, class Blocking>
+auto start_arg_extreme(const X& x, const A& axes, Blocking blocking) {
+  return start_collective<Verb, false>(x, axes, "", std::nullopt, [axes, blocking](const auto& value) {
+    if constexpr (leaves_sent_as_they_are<std::remove_cvref_t<decltype(value)>, false>()) {
+      if (members_received())  // in a wait: the members' blocks are there, the devices are not
+        return tree_map(value, [&](const auto& leaf) { return arg_extreme_of_gathered<Extreme>(namedax::all_gather(leaf, axes)); });
+    }
+    return blocking(value);
+  });
+}
+
+/// A collective of x that runs whole at start (`run()`), its result held for wait().
+template <class Verb, class X, class A, class Run>
+auto computed_at_start(const X&, const A& axes, Run run) {
+  require_not_traced<X>();
+  return [&]<std::size_t P, class... Names>(const axis_list<P, Names...>&) {
+    return async_state<decltype(run())>(&async_what<Verb, Names...>, run());
   }(to_axis_list(axes));
 }
 
