@@ -722,6 +722,52 @@ TEST_SUITE("async collectives") {
     }
   }
 
+  TEST_CASE("async::pgather gives pgather's bits: a plain idx, an idx varying along the axis, one of an inner map") {
+    std::mt19937 rng(1206);
+    const auto table = namedax_test::random_array<float>(rng, {4, 3, 2});  // 4 shards x 3 rows x 2
+    const xt::xarray<int> ids{5, 0, 11, 12, 3};                              // 12 is out of range: NaN
+    auto lookup = [&](auto shard) { return namedax::pgather(shard, ids, namedax::axes("shard"_ax, 0)); };
+    auto started = [&](auto shard) {
+      auto h = namedax::async::pgather(shard, ids, namedax::axes("shard"_ax, 0));
+      auto meanwhile = namedax::eval(shard * 2.f);
+      static_assert(std::is_same_v<decltype(h.wait()), decltype(lookup(shard))>);
+      (void)meanwhile;
+      return h.wait();
+    };
+    const xt::xarray<float> expected = namedax::vmap<"shard">(lookup)(table);
+    REQUIRE(std::isnan(expected(0, 3, 0)));
+    CHECK_BITWISE(namedax::pmap<"shard">(started)(table), expected);
+    CHECK_BITWISE(namedax::vmap<"shard">(started)(table), expected);
+
+    // Each index reads with its own idx, taken at the start: rebinding it before wait() changes nothing.
+    const xt::xarray<int> own{{3, 0}, {0, 1}, {2, 2}, {1, 3}};
+    auto each = [](auto s, auto i) { return namedax::pgather(s, i, "shard"_ax); };
+    auto each_started = [](auto s, auto i) {
+      auto index = namedax::eval(i);
+      auto h = namedax::async::pgather(s, index, "shard"_ax);
+      index += 1;
+      return h.wait();
+    };
+    const xt::xarray<float> own_expected = namedax::vmap<"shard">(each)(table, own);
+    CHECK_BITWISE(namedax::pmap<"shard">(each_started)(table, own), own_expected);
+    CHECK_BITWISE(namedax::vmap<"shard">(each_started)(table, own), own_expected);
+
+    // idx from an inner map, src from the outer one: run at the start, the same bits.
+    const xt::xarray<int> inner_ids{{0, 3}, {2, 1}};
+    auto nested = [&](bool async) {
+      return [&, async](auto s) {
+        auto inner = [async](auto outer, auto i) {
+          if (async) return namedax::async::pgather(outer, i, "shard"_ax).wait();
+          return namedax::pgather(outer, i, "shard"_ax);
+        };
+        return namedax::vmap<"j">(inner, std::tuple{namedax::none, 0})(s, inner_ids);
+      };
+    };
+    const xt::xarray<float> nested_expected = namedax::vmap<"shard">(nested(false))(table);
+    CHECK_BITWISE(namedax::pmap<"shard">(nested(true))(table), nested_expected);
+    CHECK_BITWISE(namedax::vmap<"shard">(nested(true))(table), nested_expected);
+  }
+
   TEST_CASE("asynchronous collectives misused: dropped, waited twice, a device that never starts, different calls") {
     xt::xarray<float> xs = xt::arange<float>(8).reshape({4, 2});
     auto dropped = [](auto x) {
@@ -768,7 +814,7 @@ TEST_SUITE("async collectives") {
     CHECK(contains(e3, "scatter_dimension"));
   }
 
-  TEST_CASE("a device that fails at any point of an asynchronous all-reduce, gather, all_to_all or pargmax fails the map") {
+  TEST_CASE("a device that fails at any point of an asynchronous all-reduce, gather, all_to_all, pargmax or pgather fails the map") {
     namedax::detail::fault_injection() = &inject;
     struct restore {
       ~restore() { namedax::detail::fault_injection() = nullptr; }
@@ -776,7 +822,7 @@ TEST_SUITE("async collectives") {
     int faulted = 0;
     for (fault_point point : {fault_point::arrival, fault_point::exchanged, fault_point::reading}) {
       for (int victim : {0, 3}) {
-        for (int verb = 0; verb < 4; ++verb) {
+        for (int verb = 0; verb < 5; ++verb) {
           plan.point = point;
           plan.fired = 0;
           const xt::xarray<float> xs = xt::ones<float>({std::size_t{4}, std::size_t{8}});
@@ -788,7 +834,9 @@ TEST_SUITE("async collectives") {
               if (verb == 0) return namedax::eval(v + namedax::async::psum(v, "i"_ax).wait());
               if (verb == 1) return namedax::eval(v + namedax::sum(namedax::async::all_gather(v, "i"_ax).wait(), 0));
               if (verb == 2) return namedax::eval(v + namedax::async::all_to_all(v, "i"_ax, 0, 0, {.tiled = true}).wait() * 4.0f);
-              return namedax::eval(v + namedax::cast<float>(namedax::async::pargmax(v, "i"_ax).wait()));
+              if (verb == 3) return namedax::eval(v + namedax::cast<float>(namedax::async::pargmax(v, "i"_ax).wait()));
+              const xt::xarray<int> rows{1, 30};
+              return namedax::eval(v + namedax::sum(namedax::async::pgather(v, rows, namedax::axes("i"_ax, 0)).wait(), 0));
             };
             try {
               armed = d == victim;
@@ -816,6 +864,6 @@ TEST_SUITE("async collectives") {
         }
       }
     }
-    CHECK(faulted == 3 * 2 * 4);
+    CHECK(faulted == 3 * 2 * 5);
   }
 }

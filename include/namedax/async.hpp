@@ -264,6 +264,24 @@ struct pargmin_fn : detail::arg_extreme_fn<pargmin_fn, namedax::pargmin_fn, name
 inline constexpr pargmax_fn pargmax{};
 inline constexpr pargmin_fn pargmin{};
 
+/// pgather started now and waited later: `wait()` gives namedax::pgather(src, idx, axes) bit
+/// for bit. Among device threads the start leaves src for the other devices, as
+/// async::all_gather does, and the wait reads the elements idx names from their blocks: an
+/// embedding lookup from a sharded table can hide behind other work. idx is taken at the
+/// start. Under vmap, over MPI and where idx varies along names src does not, it runs at start.
+///   auto h = namedax::async::pgather(table_shard, token_ids, namedax::axes("shard"_ax, 0));
+///   auto positions = namedax::eval(pos_table * scale);  // computed meanwhile
+///   auto embedded = h.wait();
+struct pgather_fn {
+  static constexpr std::string_view name = "async::pgather";
+  template <class S, class I, AxisArgument A>
+    requires(NamedOperand<S> && Operand<I>)
+  [[nodiscard]] auto operator()(const S& src, const I& idx, const A& axes) const {
+    return detail::handle_of(namedax::detail::start_pgather<pgather_fn>(src, idx, axes));
+  }
+};
+inline constexpr pgather_fn pgather{};
+
 /// pdot started now and waited later: the local contraction runs at start (its errors are
 /// reported there, in pdot's words), and its sum over the axes is started as async::psum
 /// starts one, so wait() gives namedax::pdot(x, y, axes, ...) bit for bit. The tensor-parallel

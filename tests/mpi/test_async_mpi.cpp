@@ -157,6 +157,9 @@ TEST_SUITE("async over MPI") {
     compare([](auto v) { return namedax::pbroadcast(v, "i"_ax, 1); },
             [](auto v) { return namedax::async::pbroadcast(v, "i"_ax, 1); });
     compare([](auto v) { return namedax::pargmax(v, "i"_ax); }, [](auto v) { return namedax::async::pargmax(v, "i"_ax); });
+    const xt::xarray<int> rows{0, static_cast<int>(2 * n * n) - 1, static_cast<int>(n)};  // global rows of x
+    compare([rows](auto v) { return namedax::pgather(v, rows, namedax::axes("i"_ax, 0)); },
+            [rows](auto v) { return namedax::async::pgather(v, rows, namedax::axes("i"_ax, 0)); });
     if (n == 4) {
       const namedax::reduce_options pairs{.axis_index_groups = {{0, 2}, {1, 3}}};
       compare([pairs](auto v) { return namedax::psum(v, "i"_ax, pairs); },

@@ -917,6 +917,25 @@ auto start_arg_extreme(const X& x, const A& axes, Blocking blocking) {
   });
 }
 
+/// Starts pgather: among device threads the start leaves src as async::all_gather does, and
+/// the wait gathers from the members' blocks with pgather's own rule. `idx` is held as it is
+/// at the start (evaluated, when it is a named value). When idx brings names src lacks (src
+/// would be widened into their environment, a copy), pgather runs at start.
+template <class Verb, class S, class I, class A>
+auto start_pgather(const S& src, const I& idx, const A& axes) {
+  auto index = [&] {
+    if constexpr (NamedValue<I>) return namedax::eval(idx);
+    else return idx;
+  }();
+  auto run = [index, axes](const auto& s) { return namedax::pgather(s, index, axes); };
+  // Positional axes in `axes` only index src's block, which goes as it is: start along the names.
+  auto names = []<std::size_t P, class... Names>(const axis_list<P, Names...>&) { return axis_list<0, Names...>{}; };
+  if constexpr (std::is_same_v<typename merged_env<env<>, S, I>::type, typename env_of<S>::type>)
+    return start_collective<Verb, false>(src, names(to_axis_list(axes)), "", std::nullopt, run);
+  else
+    return computed_at_start<Verb>(src, axes, [&] { return run(src); });
+}
+
 /// A collective of x that runs whole at start (`run()`), its result held for wait().
 template <class Verb, class X, class A, class Run>
 auto computed_at_start(const X&, const A& axes, Run run) {
