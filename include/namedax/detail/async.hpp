@@ -874,6 +874,15 @@ auto start_collective(const X& x, const A& axes, std::string_view options, const
   }(to_axis_list(axes));
 }
 
+/// A collective of x that runs whole at start (`run()`), its result held for wait().
+template <class Verb, class X, class A, class Run>
+auto computed_at_start(const X&, const A& axes, Run run) {
+  require_not_traced<X>();
+  return [&]<std::size_t P, class... Names>(const axis_list<P, Names...>&) {
+    return async_state<decltype(run())>(&async_what<Verb, Names...>, run());
+  }(to_axis_list(axes));
+}
+
 /// pargmax's index (Extreme max) or pargmin's (min) from `gathered`, the operand gathered
 /// along the axes without groups, member k's block at index k of dim 0, k its linear index
 /// along the axes: the lowest k holding the extreme, or the largest int32 where a member holds
@@ -889,14 +898,14 @@ auto arg_extreme_of_gathered(const G& gathered) {
   const std::size_t members = all.shape.front(), count = out.size();
   for (std::size_t e = 0; e < count; ++e) {
     T best = all.data[e];
-    bool nan = best != best;
+    bool has_nan = best != best;
     std::int32_t at = 0;
     for (std::size_t k = 1; k < members; ++k) {
       const T v = all.data[k * count + e];
-      nan = nan || v != v;
+      has_nan = has_nan || v != v;
       if (Extreme == reduction::max ? best < v : v < best) best = v, at = static_cast<std::int32_t>(k);
     }
-    out.data()[e] = nan ? std::numeric_limits<std::int32_t>::max() : at;
+    out.data()[e] = has_nan ? std::numeric_limits<std::int32_t>::max() : at;
   }
   return make_named<shared_array<std::int32_t>, typename G::env_type, G::varying>(share_array(std::move(out)));
 }
@@ -911,7 +920,9 @@ auto start_arg_extreme(const X& x, const A& axes, Blocking blocking) {
   return start_collective<Verb, false>(x, axes, "", std::nullopt, [axes, blocking](const auto& value) {
     if constexpr (leaves_sent_as_they_are<std::remove_cvref_t<decltype(value)>, false>()) {
       if (members_received())  // in a wait: the members' blocks are there, the devices are not
-        return tree_map(value, [&](const auto& leaf) { return arg_extreme_of_gathered<Extreme>(namedax::all_gather(leaf, axes)); });
+        return tree_map(value, [&](const auto& leaf) {
+          return arg_extreme_of_gathered<Extreme>(namedax::all_gather(leaf, axes));
+        });
     }
     return blocking(value);
   });
@@ -934,15 +945,6 @@ auto start_pgather(const S& src, const I& idx, const A& axes) {
     return start_collective<Verb, false>(src, names(to_axis_list(axes)), "", std::nullopt, run);
   else
     return computed_at_start<Verb>(src, axes, [&] { return run(src); });
-}
-
-/// A collective of x that runs whole at start (`run()`), its result held for wait().
-template <class Verb, class X, class A, class Run>
-auto computed_at_start(const X&, const A& axes, Run run) {
-  require_not_traced<X>();
-  return [&]<std::size_t P, class... Names>(const axis_list<P, Names...>&) {
-    return async_state<decltype(run())>(&async_what<Verb, Names...>, run());
-  }(to_axis_list(axes));
 }
 
 }  // namespace namedax::detail
