@@ -47,16 +47,21 @@ std::size_t peak_growth(F&& f) {
   return peak_bytes.load() - before;
 }
 
-/// The elements per device of the asynchronous collectives' measurements: 64 MiB of float.
+/// The elements per device of the 8 x 64 MiB measurements: 64 MiB of float.
 constexpr std::size_t async_n = (std::size_t{64} << 20) / sizeof(float);
+
+/// The 8 x 64 MiB input of those measurements: element k is k % 1024.
+xt::xarray<float> eight_devices_of_64_mib() {
+  xt::xarray<float> x = xt::xarray<float>::from_shape({std::size_t{8}, async_n});
+  for (std::size_t k = 0; k < x.size(); ++k) x.data()[k] = static_cast<float>(k % 1024);
+  return x;
+}
 
 /// pmap over 8 devices of 64 MiB each of `start(operand).wait()`: checks the peak heap growth
 /// against `bound` times the data and returns the output.
 template <class Start>
 xt::xarray<float> async_peak(const std::string& what, double bound, Start start) {
-  constexpr std::size_t devices = 8;
-  xt::xarray<float> x = xt::xarray<float>::from_shape({devices, async_n});
-  for (std::size_t k = 0; k < x.size(); ++k) x.data()[k] = static_cast<float>(k % 1024);
+  const xt::xarray<float> x = eight_devices_of_64_mib();
   const double data = static_cast<double>(x.size() * sizeof(float));
   xt::xarray<float> out;
   const std::size_t peak = peak_growth([&] { out = namedax::pmap<"i">([&](auto v) { return start(v).wait(); })(x); });
@@ -76,9 +81,8 @@ void operator delete[](void* p, std::size_t) noexcept { counted_free(p); }
 
 TEST_SUITE("memory") {
   TEST_CASE("8 devices x 64 MiB: psum, psum_scatter and all_to_all need no copies beyond their outputs") {
-    constexpr std::size_t devices = 8, per_device = 64 << 20, n = per_device / sizeof(float);
-    xt::xarray<float> x = xt::xarray<float>::from_shape({devices, n});
-    for (std::size_t k = 0; k < x.size(); ++k) x.data()[k] = static_cast<float>(k % 1024);
+    constexpr std::size_t devices = 8, per_device = 64 << 20, n = async_n;
+    const xt::xarray<float> x = eight_devices_of_64_mib();
     const double data = static_cast<double>(devices * per_device);
 
     // psum: one result (64 MiB) that all 8 devices share, and the stacked output (8 x 64 MiB):
