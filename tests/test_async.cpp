@@ -814,7 +814,7 @@ TEST_SUITE("async collectives") {
     CHECK(contains(e3, "scatter_dimension"));
   }
 
-  TEST_CASE("a device that fails at any point of an asynchronous all-reduce, gather, all_to_all, pargmax or pgather fails the map") {
+  TEST_CASE("a device that fails at any point of an asynchronous all-reduce, gather, all_to_all, pargmax, pgather or ragged exchange fails the map") {
     namedax::detail::fault_injection() = &inject;
     struct restore {
       ~restore() { namedax::detail::fault_injection() = nullptr; }
@@ -822,7 +822,7 @@ TEST_SUITE("async collectives") {
     int faulted = 0;
     for (fault_point point : {fault_point::arrival, fault_point::exchanged, fault_point::reading}) {
       for (int victim : {0, 3}) {
-        for (int verb = 0; verb < 5; ++verb) {
+        for (int verb = 0; verb < 7; ++verb) {
           plan.point = point;
           plan.fired = 0;
           const xt::xarray<float> xs = xt::ones<float>({std::size_t{4}, std::size_t{8}});
@@ -835,8 +835,16 @@ TEST_SUITE("async collectives") {
               if (verb == 1) return namedax::eval(v + namedax::sum(namedax::async::all_gather(v, "i"_ax).wait(), 0));
               if (verb == 2) return namedax::eval(v + namedax::async::all_to_all(v, "i"_ax, 0, 0, {.tiled = true}).wait() * 4.0f);
               if (verb == 3) return namedax::eval(v + namedax::cast<float>(namedax::async::pargmax(v, "i"_ax).wait()));
-              const xt::xarray<int> rows{1, 30};
-              return namedax::eval(v + namedax::sum(namedax::async::pgather(v, rows, namedax::axes("i"_ax, 0)).wait(), 0));
+              if (verb == 4) {
+                const xt::xarray<int> rows{1, 30};
+                return namedax::eval(v + namedax::sum(namedax::async::pgather(v, rows, namedax::axes("i"_ax, 0)).wait(), 0));
+              }
+              if (verb == 5) {  // row e of every index to row e of index e (the last sender wins)
+                const xt::xarray<int> at{0, 1, 2, 3}, one{1, 1, 1, 1};
+                return namedax::eval(v + namedax::async::ragged_all_to_all(v, v, at, one, at, one, "i"_ax).wait());
+              }
+              const xt::xarray<int> count(3);  // a 0-d array: each index sends its first 3 rows
+              return namedax::eval(v + namedax::sum(namedax::async::all_gather_v(v, count, "i"_ax).wait(), 0));
             };
             try {
               armed = d == victim;
@@ -864,6 +872,6 @@ TEST_SUITE("async collectives") {
         }
       }
     }
-    CHECK(faulted == 3 * 2 * 5);
+    CHECK(faulted == 3 * 2 * 7);
   }
 }

@@ -2,6 +2,7 @@
 // ragged_all_to_all: JAX's docstring example, random offsets and sizes against a plain-loop
 // reference in vmap, pmap and pmap of vmap (bit for bit), groups, plain offsets, the errors of
 // bad offsets and sizes in every mode, fault injection, and the transpose (a dot product).
+// all_gather_v against a reference; the asynchronous forms of both against the blocking ones.
 #include "test_support.hpp"
 
 #include <namedax/ragged.hpp>
@@ -352,6 +353,139 @@ TEST_SUITE("all_gather_v") {
                              error_of([&] { (void)namedax::pmap<"x">(body)(x, count); })}) {
       INFO(text);
       CHECK(text.find("namedax::all_gather_v over axis ('x',): index 1 gives count 4, outside 0..3") != std::string::npos);
+    }
+  }
+}
+
+TEST_SUITE("async ragged_all_to_all and all_gather_v") {
+  /// The blocking call and the asynchronous one started, with a second one in flight and work
+  /// done meanwhile: the same type and bits.
+  auto started_and_blocking = [](auto blocking, auto start) {
+    return std::pair{[blocking](auto... v) { return namedax::eval(blocking(v...)); },
+                     [blocking, start](auto... v) {
+                       auto h = start(v...);
+                       static_assert(std::is_same_v<decltype(h.wait()), decltype(blocking(v...))>);
+                       auto second = start(v...);
+                       auto meanwhile = namedax::eval(std::get<0>(std::tuple{v...}) * 2.0f);
+                       (void)meanwhile;
+                       auto out = h.wait();
+                       CHECK_BITWISE(second.wait().payload(), out.payload());
+                       return namedax::eval(out);
+                     }};
+  };
+
+  TEST_CASE("async::ragged_all_to_all gives the blocking bits in every placement, on random offsets and sizes") {
+    std::mt19937 rng(40);
+    const auto [blocking, started] = started_and_blocking(
+        [](auto... v) { return namedax::ragged_all_to_all(v..., "x"_ax); },
+        [](auto... v) { return namedax::async::ragged_all_to_all(v..., "x"_ax); });
+    for (std::size_t n : {1u, 2u, 3u, 4u, 5u})
+      for (int trial = 0; trial < 4; ++trial) {
+        const std::size_t slices = trial < 3 ? 1 : 2;
+        const auto c = random_case(rng, n, 1 + static_cast<std::size_t>(trial % 2), slices);
+        const auto expected = reference(c);
+        INFO("n = ", n, ", trial ", trial);
+        const auto args = std::tuple{c.operand, c.output, c.input_offsets, c.send_sizes, c.output_offsets, c.recv_sizes};
+        CHECK_BITWISE(xt::xarray<float>(std::apply(namedax::pmap<"x">(started), args)), expected);
+        CHECK_BITWISE(xt::xarray<float>(std::apply(namedax::vmap<"x">(started), args)), expected);
+        CHECK_BITWISE(xt::xarray<float>(std::apply(namedax::pmap<"x">(blocking), args)), expected);
+      }
+  }
+
+  TEST_CASE("async::ragged_all_to_all over an inner axis of devices or vectors, and with groups") {
+    std::mt19937 rng(41);
+    // 2 x 3 indices; the exchange over "j" (3 indices) in each row "i".
+    const auto c0 = random_case(rng, 3, 2), c1 = random_case(rng, 3, 2);
+    auto rows = [](const auto& a, const auto& b) { return stack2(std::vector{xt::eval(a), xt::eval(b)}, 1); };
+    auto flat2 = [](auto a) {  // [2, 1, 3, ...] -> [2, 3, ...]
+      auto s = a.shape();
+      std::vector<std::size_t> shape{s[0]};
+      shape.insert(shape.end(), s.begin() + 2, s.end());
+      a.reshape(shape);
+      return a;
+    };
+    const auto args = std::tuple{flat2(rows(c0.operand, c1.operand)), flat2(rows(c0.output, c1.output)),
+                                 flat2(rows(c0.input_offsets, c1.input_offsets)), flat2(rows(c0.send_sizes, c1.send_sizes)),
+                                 flat2(rows(c0.output_offsets, c1.output_offsets)),
+                                 flat2(rows(c0.recv_sizes, c1.recv_sizes))};
+    const auto expected = flat2(rows(reference(c0), reference(c1)));
+    const auto [blocking, started] = started_and_blocking(
+        [](auto... v) { return namedax::ragged_all_to_all(v..., "j"_ax); },
+        [](auto... v) { return namedax::async::ragged_all_to_all(v..., "j"_ax); });
+    (void)blocking;
+    CHECK_BITWISE(xt::xarray<float>(std::apply(namedax::pmap<"i">(namedax::pmap<"j">(started)), args)), expected);
+    CHECK_BITWISE(xt::xarray<float>(std::apply(namedax::pmap<"i">(namedax::vmap<"j">(started)), args)), expected);
+    CHECK_BITWISE(xt::xarray<float>(std::apply(namedax::vmap<"i">(namedax::pmap<"j">(started)), args)), expected);
+    // Groups {0, 2} and {1, 3} of four devices.
+    const auto g = random_case(rng, 4, 2, 1);
+    auto grouped = [](auto... v) {
+      return namedax::eval(namedax::ragged_all_to_all(v..., "x"_ax, {.axis_index_groups = {{0, 2}, {1, 3}}}));
+    };
+    auto grouped_async = [](auto... v) {
+      return namedax::eval(
+          namedax::async::ragged_all_to_all(v..., "x"_ax, {.axis_index_groups = {{0, 2}, {1, 3}}}).wait());
+    };
+    // Each group's arrays have its 2 entries: the first two of the random case's.
+    auto firsts = [](const ints& a) { return ints(xt::view(a, xt::all(), xt::range(0, 2))); };
+    const auto gargs = std::tuple{g.operand, g.output, firsts(g.input_offsets), xt::zeros_like(firsts(g.send_sizes)),
+                                  firsts(g.output_offsets), xt::zeros_like(firsts(g.recv_sizes))};
+    const xt::xarray<float> want = std::apply(namedax::pmap<"x">(grouped), gargs);
+    CHECK_BITWISE(xt::xarray<float>(std::apply(namedax::pmap<"x">(grouped_async), gargs)), want);
+    CHECK_BITWISE(xt::xarray<float>(std::apply(namedax::vmap<"x">(grouped_async), gargs)), want);
+  }
+
+  TEST_CASE("async::all_gather_v gives the blocking bits, batch elements with different totals included") {
+    std::mt19937 rng(42);
+    const auto [blocking, started] = started_and_blocking(
+        [](auto v, auto c) { return namedax::all_gather_v(v, c, "x"_ax); },
+        [](auto v, auto c) { return namedax::async::all_gather_v(v, c, "x"_ax); });
+    for (std::size_t n : {1u, 3u, 4u}) {
+      const auto x = namedax_test::random_array<float>(rng, {n, 2, 4, 3});  // along "x", then "b"
+      ints count = xt::zeros<std::int32_t>({n, std::size_t{2}});
+      std::uniform_int_distribution<int> pick(0, 4);
+      for (auto& k : count) k = pick(rng);
+      INFO("n = ", n);
+      const xt::xarray<float> expected = namedax::pmap<"x">(namedax::vmap<"b">(blocking))(x, count);
+      CHECK_BITWISE(xt::xarray<float>(namedax::pmap<"x">(namedax::vmap<"b">(started))(x, count)), expected);
+      CHECK_BITWISE(xt::xarray<float>(namedax::vmap<"x">(namedax::vmap<"b">(started))(x, count)), expected);
+      // Devices along "b" must return one shape: counts the same along "b".
+      const ints same = xt::view(count, xt::all(), xt::keep(0, 0));
+      CHECK_BITWISE(xt::xarray<float>(namedax::pmap<"x">(namedax::pmap<"b">(started))(x, same)),
+                    xt::xarray<float>(namedax::pmap<"x">(namedax::vmap<"b">(blocking))(x, same)));
+    }
+  }
+
+  TEST_CASE("the asynchronous forms take their operands at start and report bad input at wait, on every index") {
+    const xt::xarray<float> operand{{1, 2, 2}, {3, 4, 0}};
+    const xt::xarray<float> output = xt::zeros<float>({2, 4});
+    const ints io{{0, 1}, {0, 1}}, ss{{1, 2}, {1, 1}}, oo{{0, 0}, {1, 2}}, rs{{1, 1}, {2, 1}};
+    // Rebinding the operand after the start changes nothing: JAX's docstring example.
+    auto rebound = [](auto op, auto out, auto i, auto s, auto o, auto r) {
+      auto rows = namedax::eval(op);
+      auto sizes = namedax::eval(s);
+      auto h = namedax::async::ragged_all_to_all(rows, out, i, sizes, o, r, "x"_ax);
+      rows = namedax::eval(rows * 0.0f);
+      sizes = namedax::eval(sizes * 0);
+      return namedax::eval(h.wait());
+    };
+    const xt::xarray<float> expected{{1, 3, 0, 0}, {2, 2, 4, 0}};
+    CHECK_BITWISE(xt::xarray<float>(namedax::pmap<"x">(rebound)(operand, output, io, ss, oo, rs)), expected);
+    CHECK_BITWISE(xt::xarray<float>(namedax::vmap<"x">(rebound)(operand, output, io, ss, oo, rs)), expected);
+    auto bad = [](auto... v) { return namedax::eval(namedax::async::ragged_all_to_all(v..., "x"_ax).wait()); };
+    const ints past{{0, 2}, {0, 1}};
+    for (const auto& text : {error_of([&] { (void)namedax::pmap<"x">(bad)(operand, output, past, ss, oo, rs); }),
+                             error_of([&] { (void)namedax::vmap<"x">(bad)(operand, output, past, ss, oo, rs); })}) {
+      INFO(text);
+      CHECK(text.find("namedax::async::ragged_all_to_all over axis ('x',): index 0 sending to peer 1 sends rows 2..4") !=
+            std::string::npos);
+    }
+    auto bad_count = [](auto v, auto c) { return namedax::eval(namedax::async::all_gather_v(v, c, "x"_ax).wait()); };
+    const xt::xarray<float> x = xt::zeros<float>({2, 3});
+    for (const auto& text : {error_of([&] { (void)namedax::pmap<"x">(bad_count)(x, ints{1, 4}); }),
+                             error_of([&] { (void)namedax::vmap<"x">(bad_count)(x, ints{1, 4}); })}) {
+      INFO(text);
+      CHECK(text.find("namedax::async::all_gather_v over axis ('x',): index 1 gives count 4, outside 0..3") !=
+            std::string::npos);
     }
   }
 }

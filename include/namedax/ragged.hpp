@@ -3,6 +3,7 @@
 // dispatch tokens to experts, under vmap, pmap and MPI processes alike.
 #pragma once
 
+#include <namedax/async.hpp>
 #include <namedax/collectives.hpp>
 #include <namedax/detail/ragged.hpp>
 
@@ -59,8 +60,9 @@ inline constexpr ragged_all_to_all_fn ragged_all_to_all{};
 /// The v-variant of all_gather (MPI_Allgatherv): each index contributes its first `count`
 /// rows of `x` (its other rows are padding), and every index gets all of them concatenated
 /// along dim 0 in index order, `count_0 + count_1 + ...` rows. The counts, int32 named values,
-/// are learned in the exchange. Every index holds the same result. Under a vmap over other axes whose elements gather different totals,
-/// each element's rows are padded with zeros to the largest total.
+/// are learned in the exchange. Every index holds the same result. Under a vmap over other axes
+/// whose elements gather different totals, each element's rows are padded with zeros to the
+/// largest total. The indices meet twice: for the counts, then for the rows.
 ///   // along "i" of size 3: x = [[a, b], [c, _], [d, e]], count = [2, 1, 2]
 ///   all_gather_v(x, count, "i"_ax)  // [a, b, c, d, e] on every index
 struct all_gather_v_fn {
@@ -69,9 +71,53 @@ struct all_gather_v_fn {
     requires NamedOperand<X>
   auto operator()(const X& x, const C& count, const A& axes) const {
     // Every index's count first (small), then the rows by one ragged all-to-all.
-    return detail::when_resolved(detail::all_gather_v_op<all_gather_v_fn, A>{axes}, x, namedax::all_gather(count, axes));
+    return detail::when_resolved(detail::all_gather_v_op<all_gather_v_fn, A>{axes}, x, count);
   }
 };
 inline constexpr all_gather_v_fn all_gather_v{};
+
+namespace async {
+
+/// ragged_all_to_all started now and waited later, with the blocking form's arguments:
+/// `wait()` gives namedax::ragged_all_to_all(...) bit for bit, and reports its mistakes (bad
+/// offsets and sizes) on every index. Among device threads the start lays the operands out and
+/// leaves the operand rows and the four arrays for every peer, without waiting for any; the
+/// wait copies the rows sent to this index from its peers' blocks: MoE token dispatch can hide
+/// behind the router's other work. Under vmap, over MPI processes and with a mix of
+/// placements it runs at start.
+///   auto h = namedax::async::ragged_all_to_all(tokens, buffer, in_off, sizes, out_off, recv, "expert"_ax);
+///   auto gate = namedax::eval(scores * scale);  // computed meanwhile
+///   auto dispatched = h.wait();
+struct ragged_all_to_all_fn {
+  static constexpr std::string_view name = "async::ragged_all_to_all";
+  template <class X, class O, class IO, class SS, class OO, class RS, AxisArgument A>
+    requires(NamedOperand<X> || NamedOperand<O>)
+  [[nodiscard]] auto operator()(const X& operand, const O& output, const IO& input_offsets, const SS& send_sizes,
+                                const OO& output_offsets, const RS& recv_sizes, const A& axes,
+                                const ragged_all_to_all_options& options = {}) const {
+    return detail::handle_of(namedax::detail::start_ragged<ragged_all_to_all_fn>(
+        namedax::detail::ragged_all_to_all_op<ragged_all_to_all_fn, A>{axes, options.axis_index_groups}, operand, output,
+        input_offsets, send_sizes, output_offsets, recv_sizes));
+  }
+};
+inline constexpr ragged_all_to_all_fn ragged_all_to_all{};
+
+/// all_gather_v started now and waited later: `wait()` gives namedax::all_gather_v(x, count,
+/// axes) bit for bit. Among device threads the start leaves x and its count for every index
+/// and the wait reads them all (the devices meet once, where the blocking form meets them
+/// twice); a bad count is reported by wait(). Under vmap, over MPI processes and with a mix of
+/// placements it runs at start.
+struct all_gather_v_fn {
+  static constexpr std::string_view name = "async::all_gather_v";
+  template <class X, class C, AxisArgument A>
+    requires NamedOperand<X>
+  [[nodiscard]] auto operator()(const X& x, const C& count, const A& axes) const {
+    return detail::handle_of(
+        namedax::detail::start_ragged<all_gather_v_fn>(namedax::detail::all_gather_v_op<all_gather_v_fn, A>{axes}, x, count));
+  }
+};
+inline constexpr all_gather_v_fn all_gather_v{};
+
+}  // namespace async
 
 }  // namespace namedax

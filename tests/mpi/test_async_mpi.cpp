@@ -197,6 +197,34 @@ TEST_SUITE("async over MPI") {
     CHECK(e.find("namedax::async::psum_scatter over ('i',): a handle was dropped without wait()") != std::string::npos);
   }
 
+  TEST_CASE("async ragged_all_to_all and all_gather_v over processes, and over threads inside them") {
+    const std::size_t n = processes;
+    std::mt19937 rng(22);
+    const auto x = namedax_test::random_array<float>(rng, {n, std::size_t{2}, 2 * n, 3});  // "i" processes, "j" threads
+    // Row e of every index to row e of index e (the last sender wins); every index's first 3 rows gathered.
+    const xt::xarray<int> at_i = xt::arange<int>(static_cast<int>(n)), one_i = xt::ones<int>({n});
+    const xt::xarray<int> at_j = xt::arange<int>(2), one_j = xt::ones<int>({std::size_t{2}});
+    const xt::xarray<int> count(3);
+    auto blocking = [&](auto v) {
+      return namedax::eval(namedax::ragged_all_to_all(v, v, at_i, one_i, at_i, one_i, "i"_ax) +
+                           namedax::ragged_all_to_all(v, v, at_j, one_j, at_j, one_j, "j"_ax) +
+                           namedax::sum(namedax::all_gather_v(v, count, "i"_ax), 0) +
+                           namedax::sum(namedax::all_gather_v(v, count, "j"_ax), 0));
+    };
+    auto started = [&](auto v) {  // over "i" at start, over "j" left among the threads; waited in reverse
+      auto a = namedax::async::ragged_all_to_all(v, v, at_i, one_i, at_i, one_i, "i"_ax);
+      auto b = namedax::async::ragged_all_to_all(v, v, at_j, one_j, at_j, one_j, "j"_ax);
+      auto c = namedax::async::all_gather_v(v, count, "i"_ax);
+      auto d = namedax::async::all_gather_v(v, count, "j"_ax);
+      auto dd = d.wait();
+      auto cc = c.wait();
+      auto bb = b.wait();
+      return namedax::eval(a.wait() + bb + namedax::sum(cc, 0) + namedax::sum(dd, 0));
+    };
+    CHECK_BITWISE(namedax::mpi::pmap<"i">(namedax::pmap<"j">(started))(x),
+                  namedax::mpi::pmap<"i">(namedax::pmap<"j">(blocking))(x));
+  }
+
   TEST_CASE("a process that fails between the start and the wait of an asynchronous psum fails every process") {
     const std::size_t n = processes;
     const xt::xarray<float> x = xt::ones<float>({n, std::size_t{1} << 16});  // past MPI's eager sizes

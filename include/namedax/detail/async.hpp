@@ -796,6 +796,47 @@ constexpr void require_not_traced() {
                             "function use the blocking collective, whose rule is its transpose");
 }
 
+/// The members' blocks a wait takes from its receipts (in the order the start left them), as
+/// the collective frames that the wait's rule opens read them (received_members).
+class members_taken {
+ public:
+  explicit members_taken(std::vector<async_receipt>& receipts) : receipts_(receipts) {}
+
+  /// The next `n` receipts: the members of the frame that opens on `mine`.
+  template <class P>
+  void next(const P& mine, std::size_t n) {
+    using T = typename P::value_type;
+    auto& entry = received_.entries.emplace_back();
+    entry.shape.assign(mine.shape().begin(), mine.shape().end());
+    entry.mine = mine.data();
+    for (std::size_t k = 0; k < n; ++k) {
+      auto block = receipts_[lane_++].template take<T>(entry.shape);
+      entry.members.push_back(block.data());
+      kept_.push_back(std::make_shared<const decltype(block)>(std::move(block)));
+    }
+  }
+
+  /// `rule()`, its frames reading the blocks taken; each block must have been read.
+  template <class Verb, class... Names, class Rule>
+  auto run(Rule rule) {
+    struct installed {
+      received_members* previous;
+      ~installed() { members_received() = previous; }
+    } scope{std::exchange(members_received(), &received_)};
+    auto out = rule();
+    if (!std::all_of(received_.entries.begin(), received_.entries.end(),
+                     [](const received_members::entry& e) { return e.members.empty(); }))
+      fail(async_what<Verb, Names...>(), ": internal error: the wait read fewer blocks than the start left");
+    return out;
+  }
+
+ private:
+  std::vector<async_receipt>& receipts_;
+  std::size_t lane_ = 0;
+  received_members received_;
+  std::vector<std::shared_ptr<const void>> kept_;  // the members' blocks, while the rule reads them
+};
+
 /// Starts the collective that `run(x)` computes (a blocking collective with its axes and
 /// options bound; `options` and `groups` as its frames write them into their signature).
 /// Among device threads, when every leaf is sent as it is (leaves_sent_as_they_are) and
@@ -841,30 +882,12 @@ auto start_collective(const X& x, const A& axes, std::string_view options, const
                                                     describe_named_axes<L, Names...>(Verb::name), m.names, text, groups);
           });
           auto finish = [held = std::move(held), run, met](std::vector<async_receipt>& receipts) -> R {
-            received_members received;
-            std::vector<std::shared_ptr<const void>> kept;  // the members' blocks, while `run` reads them
-            std::size_t leaf = 0, lane = 0;
+            members_taken taken(receipts);
+            std::size_t leaf = 0;
             tree_for_each(held, [&]<class L>(const L& v) {
-              const std::size_t n = met[leaf++].members;
-              if (n == 0) return;
-              auto& entry = received.entries.emplace_back();
-              entry.shape.assign(v.payload().shape().begin(), v.payload().shape().end());
-              entry.mine = v.payload().data();
-              for (std::size_t k = 0; k < n; ++k) {
-                auto block = receipts[lane++].template take<typename L::value_type>(entry.shape);
-                entry.members.push_back(block.data());
-                kept.push_back(std::make_shared<const decltype(block)>(std::move(block)));
-              }
+              if (const std::size_t n = met[leaf++].members) taken.next(v.payload(), n);
             });
-            struct installed {
-              received_members* previous;
-              ~installed() { members_received() = previous; }
-            } scope{std::exchange(members_received(), &received)};
-            R out = run(held);
-            if (!std::all_of(received.entries.begin(), received.entries.end(),
-                             [](const received_members::entry& e) { return e.members.empty(); }))
-              fail(async_what<Verb, Names...>(), ": internal error: the wait read fewer blocks than the start left");
-            return out;
+            return taken.run<Verb, Names...>([&] { return run(held); });
           };
           return async_state<R>(what, std::move(lanes), std::move(finish));
         }
@@ -872,6 +895,24 @@ auto start_collective(const X& x, const A& axes, std::string_view options, const
     }
     return async_state<R>(what, run(x));
   }(to_axis_list(axes));
+}
+
+/// Starts, among the device threads spanned by `names`, a collective whose rule opens one
+/// frame on each of `arrays` (in any order): leaves each array for every member
+/// (start_all_lanes), and the wait runs `rule(arrays...)` with the members' blocks as what
+/// those frames read, so that it gives the blocking rule's result without meeting again.
+template <class R, class Verb, class... Names, class Rule, class... T>
+async_state<R> start_arrays(type_list<Names...>, std::span<const named_axis> axes, std::span<const std::string_view> names,
+                            const std::optional<groups_t>& groups, Rule rule, shared_array<T>... arrays) {
+  std::vector<async_receipt> lanes;
+  (start_all_lanes<T>(lanes, Verb::name, arrays, axes, names, "", groups), ...);
+  const std::size_t members = lanes.size() / sizeof...(T);
+  auto finish = [rule = std::move(rule), members, arrays...](std::vector<async_receipt>& receipts) mutable -> R {
+    members_taken taken(receipts);
+    (taken.next(arrays, members), ...);
+    return taken.run<Verb, Names...>([&] { return rule(arrays...); });
+  };
+  return async_state<R>(&async_what<Verb, Names...>, std::move(lanes), std::move(finish));
 }
 
 /// A collective of x that runs whole at start (`run()`), its result held for wait().

@@ -2,12 +2,15 @@
 // ragged_all_to_all's rule, both modes: every member's offsets and sizes are read first (one
 // exchange of small integers), checked all together so that every index reports the same
 // mistake, then each receiver copies the rows its peers send into a copy of its own output.
-// Over process axes alone the rows travel by one MPI_Alltoallv instead.
+// Over process axes alone the rows travel by one MPI_Alltoallv instead. all_gather_v reads
+// every member's count, then moves the rows by the same second step. The asynchronous forms
+// leave both exchanges' blocks at start and run the same rules at wait.
 // IWYU pragma: private
 #pragma once
 
 #include <namedax/collectives.hpp>
 #include <namedax/detail/all_gather.hpp>
+#include <namedax/detail/async.hpp>
 #include <namedax/detail/process_rules.hpp>
 #include <namedax/detail/structure.hpp>
 #include <namedax/named_array.hpp>
@@ -182,22 +185,18 @@ std::optional<xt::xarray<T>> ragged_across_processes(std::string_view verb, cons
   return std::move(output);
 }
 
-/// ragged_all_to_all on blocks in one environment: `operand` and `output` row-major with
-/// `positional_rank` positional dims and the same vectorized dims (full along the vectorized
-/// collective axes), `ints` the four arrays packed as [4, peers, those vectorized dims].
-/// `axes` must say that every operand varies along every axis.
+/// The rows of a ragged all-to-all, once every member's arrays are in `table`: checked, then
+/// each receiver copies the rows its peers send into `output` (its own, row-major, with
+/// `positional_rank` positional dims and the vectorized dims of `operand`).
 template <class T>
-xt::xarray<T> ragged_all_to_all_rule(std::string_view verb, strided_block<T> operand, xt::xarray<T> output,
-                                     strided_block<std::int64_t> ints, std::size_t positional_rank,
-                                     std::span<const named_axis> axes, const std::optional<groups_t>& groups) {
-  group_layout layout;
-  const std::string_view options = "";
-  const ragged_table table = read_ragged_table(verb, std::move(ints), axes, groups, options, layout);
+xt::xarray<T> ragged_rows(std::string_view verb, strided_block<T> operand, xt::xarray<T> output, const ragged_table& table,
+                          const group_layout& layout, std::size_t positional_rank, std::span<const named_axis> axes,
+                          const std::optional<groups_t>& groups) {
   if (auto mistake = ragged_mistake(verb, table, layout, axes, operand.shape[0], output.shape()[0]); !mistake.empty())
     fail(mistake);
   if (auto moved = ragged_across_processes<T>(verb, operand, output, table, layout, axes, groups))
     return std::move(*moved);
-  collective_frame<T> frame(verb, std::move(operand), positional_rank, axes, groups, true, options);
+  collective_frame<T> frame(verb, std::move(operand), positional_rank, axes, groups, true, "");
   const auto out_strides = row_major_strides(output.shape());
   const dims_t batch_shape = [&] {
     dims_t s(output.shape().begin() + static_cast<std::ptrdiff_t>(positional_rank), output.shape().end());
@@ -215,6 +214,70 @@ xt::xarray<T> ragged_all_to_all_rule(std::string_view verb, strided_block<T> ope
   });
   frame.release();
   return output;
+}
+
+/// ragged_all_to_all on blocks in one environment: `operand` and `output` row-major with
+/// `positional_rank` positional dims and the same vectorized dims (full along the vectorized
+/// collective axes), `ints` the four arrays packed as [4, peers, those vectorized dims].
+/// `axes` must say that every operand varies along every axis. Two exchanges: the arrays,
+/// then the rows.
+template <class T>
+xt::xarray<T> ragged_all_to_all_rule(std::string_view verb, strided_block<T> operand, xt::xarray<T> output,
+                                     strided_block<std::int64_t> ints, std::size_t positional_rank,
+                                     std::span<const named_axis> axes, const std::optional<groups_t>& groups) {
+  group_layout layout;
+  const ragged_table table = read_ragged_table(verb, std::move(ints), axes, groups, "", layout);
+  return ragged_rows<T>(verb, std::move(operand), std::move(output), table, layout, positional_rank, axes, groups);
+}
+
+/// all_gather_v on blocks in one environment: `operand` row-major with `positional_rank`
+/// positional dims and its vectorized dims, `counts` its count per vectorized element (those
+/// dims), both full along the vectorized collective axes. Every member's counts are read
+/// through one exchange; from them every index lays out the ragged all-to-all that gathers the
+/// rows (member s sends its first count_s rows to every peer, after the rows of the members
+/// before it), which the second exchange moves. The rows of the result are the largest total
+/// over the batch elements (shorter totals pad with zeros).
+template <class T>
+xt::xarray<T> all_gather_v_rule(std::string_view verb, strided_block<T> operand, strided_block<std::int64_t> counts,
+                                std::size_t positional_rank, std::span<const named_axis> axes) {
+  collective_frame<std::int64_t> frame(verb, std::move(counts), 0, axes, std::nullopt, true, "");
+  const group_layout layout = frame.groups();
+  ragged_table t;
+  t.members = t.peers = frame.total();
+  const dims_t batch_shape = frame.member(0).shape;
+  t.batch = element_count(batch_shape);
+  std::vector<std::int64_t> count(t.members * t.batch);
+  for (std::size_t m = 0; m < t.members; ++m) {
+    const auto block = frame.member(m);
+    std::size_t b = 0;
+    for_each_index(batch_shape, [&](std::span<const std::size_t> v) {
+      count[m * t.batch + b++] = block.data[trailing_offset(v, block.strides, 0)];
+    });
+  }
+  frame.release();
+  // Every index sees every count: a bad one is the same error everywhere.
+  std::int64_t rows = 0;
+  t.values.resize(t.members * 4 * t.peers * t.batch);
+  for (std::size_t b = 0; b < t.batch; ++b) {
+    std::int64_t before = 0;
+    for (std::size_t s = 0; s < t.members; ++s) {
+      const std::int64_t c = count[s * t.batch + b];
+      if (c < 0 || c > static_cast<std::int64_t>(operand.shape[0]))
+        fail("namedax::", verb, " over axis ", describe_axes(axes), ": index ", s, " gives count ", c, ", outside 0..",
+             operand.shape[0], " (the rows of x); give each index's number of valid leading rows");
+      for (std::size_t p = 0; p < t.peers; ++p) {
+        const std::int64_t fields[] = {0, c, before, count[p * t.batch + b]};
+        for (std::size_t f = 0; f < 4; ++f) t.values[((s * 4 + f) * t.peers + p) * t.batch + b] = fields[f];
+      }
+      before += c;
+    }
+    rows = std::max(rows, before);
+  }
+  dims_t out_shape = operand.shape;
+  out_shape[0] = static_cast<std::size_t>(rows);
+  xt::xarray<T> zeros = xt::xarray<T>::from_shape(out_shape);
+  zeros.fill(T{});
+  return ragged_rows<T>(verb, std::move(operand), std::move(zeros), t, layout, positional_rank, axes, std::nullopt);
 }
 
 /// An operand of ragged_all_to_all as an array in environment Env: positional dims, then
@@ -240,8 +303,36 @@ xt::xarray<T> ragged_broadcast(const xt::xarray<T>& a, dims_t positional, const 
   return xt::xarray<T>(xt::broadcast(a, positional));
 }
 
-/// The operation once every operand is resolved: the operands in their merged environment,
-/// broadcast to the result's vectorized dims, then the rule.
+/// The collective's axes as its rules read them, every operand varying along each.
+template <class Verb, class Env, class... Names>
+std::array<named_axis, sizeof...(Names)> ragged_axes() {
+  return {[] {
+    constexpr int k = Env::index_of(Names::name);
+    const frame& f = bound_frame(Verb::name, Names::name);
+    return named_axis{Names::name, Env::places[k], f.size, true, Env::vectorized_slot(k), f.index};
+  }()...};
+}
+
+/// The mask of the collective's axes (the names of A) in Env.
+template <class Env, class A>
+constexpr axis_mask ragged_axes_mask() {
+  using names = decltype(names_only(to_axis_list(std::declval<A>())));
+  return []<class... Names>(type_list<Names...>) { return Env::template mask_of<Names...>(); }(names{});
+}
+
+/// ragged_all_to_all's or all_gather_v's operands in their merged environment, as the rule
+/// reads them: positional dims, then the result's vectorized dims, whole along the exchanged axes.
+template <class T, std::size_t AxisCount>
+struct ragged_operands {
+  xt::xarray<T> operand;
+  xt::xarray<T> output;           // ragged_all_to_all's; all_gather_v makes its own
+  xt::xarray<std::int64_t> ints;  // the four arrays packed as [4, peers, vectorized dims]; all_gather_v's counts
+  std::array<named_axis, AxisCount> axes;
+  std::size_t positional_rank = 0;
+};
+
+/// The operation once every operand is resolved: prepare() lays the operands out (no
+/// exchange), rule() exchanges, typed() gives the named result.
 template <class Verb, class A>
 struct ragged_all_to_all_op {
   A axes;
@@ -249,12 +340,36 @@ struct ragged_all_to_all_op {
 
   template <class X, class O, class... Ints>
   auto operator()(const X& operand, const O& output, const Ints&... ints) const {
-    return run(operand, output, names_only(to_axis_list(axes)), ints...);
+    auto in = prepare(operand, output, ints...);
+    return typed<X, O, Ints...>(rule(in, block_of(in.operand), block_of(in.ints)));
+  }
+
+  template <class X, class O, class... Ints>
+  auto prepare(const X& operand, const O& output, const Ints&... ints) const {
+    return prepare_in(operand, output, names_only(to_axis_list(axes)), ints...);
+  }
+
+  /// The exchanges, the operand and the integer arrays read from `operand` and `ints` (where
+  /// their frames find them); `in.output` is moved into the result.
+  template <class T, class In>
+  xt::xarray<T> rule(In& in, strided_block<T> operand, strided_block<std::int64_t> ints) const {
+    return ragged_all_to_all_rule<T>(Verb::name, std::move(operand), std::move(in.output), std::move(ints),
+                                     in.positional_rank, in.axes, given_groups());
+  }
+  [[nodiscard]] std::optional<groups_t> given_groups() const {
+    return groups.empty() ? std::nullopt : std::optional<groups_t>(groups);
+  }
+
+  template <class X, class O, class... Ints, class T>
+  static auto typed(xt::xarray<T> out) {
+    using Env = typename merged_env<env<>, X, O, Ints...>::type;
+    constexpr axis_mask varying = mask_of<X>() | mask_of<O>() | (mask_of<Ints>() | ...) | ragged_axes_mask<Env, A>();
+    return make_named<shared_array<T>, Env, varying>(share_array(std::move(out)));
   }
 
  private:
   template <class X, class O, class... Names, class... Ints>
-  auto run(const X& operand, const O& output, type_list<Names...>, const Ints&... ints) const {
+  auto prepare_in(const X& operand, const O& output, type_list<Names...>, const Ints&... ints) const {
     constexpr std::string_view verb = Verb::name;
     using Env = typename merged_env<env<>, X, O, Ints...>::type;
     require_bound<Verb, Env, Names...>();
@@ -264,28 +379,24 @@ struct ragged_all_to_all_op {
     static_assert((... && (std::is_integral_v<value_type_of_t<Ints>> && !std::is_same_v<value_type_of_t<Ints>, bool>)),
                   "namedax::ragged_all_to_all: offsets and sizes must be integers (int32, as in JAX)");
     constexpr std::size_t vec = Env::vectorized_count;
-    auto x = ragged_payload<Env, T>(operand);
-    auto o = ragged_payload<Env, T>(output);
+    ragged_operands<T, sizeof...(Names)> in{ragged_payload<Env, T>(operand), ragged_payload<Env, T>(output), {},
+                                            ragged_axes<Verb, Env, Names...>(), 0};
     std::array<xt::xarray<std::int64_t>, 4> arrays{ragged_payload<Env, std::int64_t>(ints)...};
-    const dims_t xs(x.shape().begin(), x.shape().end() - vec), os(o.shape().begin(), o.shape().end() - vec);
+    const dims_t xs(in.operand.shape().begin(), in.operand.shape().end() - vec),
+        os(in.output.shape().begin(), in.output.shape().end() - vec);
     if (xs.empty())
       fail("namedax::", verb, ": the operand is a scalar; give an operand whose positional dim 0 holds the rows");
     if (xs.size() != os.size() || !std::equal(xs.begin() + 1, xs.end(), os.begin() + 1))
       fail("namedax::", verb, ": operand of positional shape ", xs, " and output of shape ", os,
            " differ past dim 0; rows of one shape travel");
-    const named_axis described[] = {[&] {
-      constexpr int k = Env::index_of(Names::name);
-      const frame& f = bound_frame(verb, Names::name);
-      return named_axis{Names::name, Env::places[k], f.size, true, Env::vectorized_slot(k), f.index};
-    }()...};
     // The result's vectorized dims: every operand's, and whole along the exchanged axes.
     dims_t trailing(vec, 1);
     auto widen = [&](const auto& a) {
       for (std::size_t k = 0; k < vec; ++k) trailing[k] = broadcast_extent(trailing[k], a.shape()[a.dimension() - vec + k]);
     };
-    widen(x), widen(o);
+    widen(in.operand), widen(in.output);
     for (const auto& a : arrays) widen(a);
-    for (const auto& ax : described)
+    for (const auto& ax : in.axes)
       if (ax.place == placement::vectorized) trailing[ax.slot] = ax.size;
     const std::size_t peers = arrays[0].dimension() == vec + 1 ? arrays[0].shape()[0] : 0;
     for (std::size_t f = 0; f < 4; ++f)
@@ -295,15 +406,13 @@ struct ragged_all_to_all_op {
              "; give four 1-D integer arrays of one length, a multiple of the axis (or group) size");
     dims_t packed_shape{4, peers};
     packed_shape.insert(packed_shape.end(), trailing.begin(), trailing.end());
-    auto packed = xt::xarray<std::int64_t>::from_shape(packed_shape);
+    in.ints = xt::xarray<std::int64_t>::from_shape(packed_shape);
     for (std::size_t f = 0; f < 4; ++f)
-      xt::view(packed, f) = ragged_broadcast(arrays[f], dims_t{peers}, trailing);
-    auto operand_full = ragged_broadcast(x, xs, trailing);
-    auto out = ragged_all_to_all_rule<T>(verb, block_of(operand_full), ragged_broadcast(o, os, trailing),
-                                         block_of(packed), xs.size(), described,
-                                         groups.empty() ? std::nullopt : std::optional<groups_t>(groups));
-    constexpr axis_mask varying = mask_of<X>() | mask_of<O>() | (mask_of<Ints>() | ...) | Env::template mask_of<Names...>();
-    return make_named<shared_array<T>, Env, varying>(share_array(std::move(out)));
+      xt::view(in.ints, f) = ragged_broadcast(arrays[f], dims_t{peers}, trailing);
+    in.operand = ragged_broadcast(in.operand, xs, trailing);
+    in.output = ragged_broadcast(in.output, os, trailing);
+    in.positional_rank = xs.size();
+    return in;
   }
 };
 
@@ -320,86 +429,95 @@ auto ragged_zeros(const X& x, std::size_t rows) {
   return z;
 }
 
-/// all_gather_v once its operands are resolved: `counts` holds every index's count (an
-/// all_gather of them). Index r sends rows [0, count_r) of x to every peer, where they land
-/// after the rows of the indices before r: the ragged all-to-all of an all-gather.
+/// all_gather_v once its operands are resolved, in the same three steps: index r sends rows
+/// [0, count_r) of x to every peer, where they land after the rows of the indices before r.
 template <class Verb, class A>
 struct all_gather_v_op {
   A axes;
 
   template <class X, class C>
-  auto operator()(const X& x, const C& counts) const {
-    return run(x, counts, names_only(to_axis_list(axes)));
+  auto operator()(const X& x, const C& count) const {
+    auto in = prepare(x, count);
+    return typed<X, C>(rule(in, block_of(in.operand), block_of(in.ints)));
+  }
+
+  template <class X, class C>
+  auto prepare(const X& x, const C& count) const {
+    return prepare_in(x, count, names_only(to_axis_list(axes)));
+  }
+
+  template <class T, class In>
+  xt::xarray<T> rule(const In& in, strided_block<T> operand, strided_block<std::int64_t> counts) const {
+    return all_gather_v_rule<T>(Verb::name, std::move(operand), std::move(counts), in.positional_rank, in.axes);
+  }
+  [[nodiscard]] std::optional<groups_t> given_groups() const { return std::nullopt; }
+
+  /// The result, the same along the axes: every index gathers the same rows.
+  template <class X, class C, class T>
+  static auto typed(xt::xarray<T> out) {
+    using Env = typename merged_env<env<>, X, C>::type;
+    constexpr axis_mask varying = (mask_of<X>() | mask_of<C>()) & ~ragged_axes_mask<Env, A>();
+    return make_named<shared_array<T>, Env, varying>(share_array(std::move(out)));
   }
 
  private:
   template <class X, class C, class... Names>
-  auto run(const X& x_value, const C& counts_value, type_list<Names...>) const {
+  auto prepare_in(const X& x, const C& count, type_list<Names...>) const {
     constexpr std::string_view verb = Verb::name;
     using Env = typename merged_env<env<>, X, C>::type;
     require_bound<Verb, Env, Names...>();
     using T = value_type_of_t<X>;
+    static_assert(std::is_integral_v<value_type_of_t<C>> && !std::is_same_v<value_type_of_t<C>, bool>,
+                  "namedax::all_gather_v: the count must be an integer (int32)");
     constexpr std::size_t vec = Env::vectorized_count;
-    auto x = ragged_payload<Env, T>(x_value);
-    auto counts = ragged_payload<Env, std::int64_t>(counts_value);
-    const dims_t xs(x.shape().begin(), x.shape().end() - vec);
+    ragged_operands<T, sizeof...(Names)> in{ragged_payload<Env, T>(x), {}, ragged_payload<Env, std::int64_t>(count),
+                                            ragged_axes<Verb, Env, Names...>(), 0};
+    const dims_t xs(in.operand.shape().begin(), in.operand.shape().end() - vec);
     if (xs.empty()) fail("namedax::", verb, ": x is a scalar; give x whose positional dim 0 holds the rows");
-    const named_axis described[] = {[&] {
-      constexpr int k = Env::index_of(Names::name);
-      const frame& f = bound_frame(verb, Names::name);
-      return named_axis{Names::name, Env::places[k], f.size, true, Env::vectorized_slot(k), f.index};
-    }()...};
-    const std::size_t n = member_count(described);
+    if (in.ints.dimension() != vec)
+      fail("namedax::", verb, ": the count has positional shape ",
+           dims_t(in.ints.shape().begin(), in.ints.shape().end() - vec), "; give one integer per index");
     dims_t trailing(vec, 1);
     for (std::size_t k = 0; k < vec; ++k)
-      trailing[k] = broadcast_extent(x.shape()[xs.size() + k], counts.shape()[1 + k]);
-    for (const auto& ax : described)
+      trailing[k] = broadcast_extent(in.operand.shape()[xs.size() + k], in.ints.shape()[k]);
+    for (const auto& ax : in.axes)
       if (ax.place == placement::vectorized) trailing[ax.slot] = ax.size;
-    const auto all = ragged_broadcast(counts, dims_t{n}, trailing);
-    // Every index sees every count: a bad one is the same error everywhere, and the rows of
-    // the result are the largest total over the batch elements (shorter totals pad with zeros).
-    std::int64_t rows = 0;
-    for_each_index(trailing, [&](std::span<const std::size_t> v) {
-      std::int64_t total = 0;
-      for (std::size_t j = 0; j < n; ++j) {
-        const std::int64_t c = all.data()[static_cast<std::ptrdiff_t>(j) * static_cast<std::ptrdiff_t>(all.strides()[0]) +
-                                          trailing_offset(v, all.strides(), 1)];
-        if (c < 0 || c > static_cast<std::int64_t>(xs[0]))
-          fail("namedax::", verb, " over axis ", describe_axes(described), ": index ", j, " gives count ", c,
-               ", outside 0..", xs[0], " (the rows of x); give each index's number of valid leading rows");
-        total += c;
-      }
-      rows = std::max(rows, total);
-    });
-    dims_t packed_shape{4, n};
-    packed_shape.insert(packed_shape.end(), trailing.begin(), trailing.end());
-    auto packed = xt::xarray<std::int64_t>::from_shape(packed_shape);
-    const auto ps = packed.strides();
-    for_each_index(trailing, [&](std::span<const std::size_t> v) {
-      std::size_t r = 0;  // this element's rank along the axes
-      for (const auto& ax : described) r = r * ax.size + (ax.place == placement::vectorized ? v[ax.slot] : ax.index);
-      auto count = [&](std::size_t j) {
-        return all.data()[static_cast<std::ptrdiff_t>(j) * static_cast<std::ptrdiff_t>(all.strides()[0]) +
-                          trailing_offset(v, all.strides(), 1)];
-      };
-      std::int64_t before = 0;
-      for (std::size_t j = 0; j < r; ++j) before += count(j);
-      for (std::size_t j = 0; j < n; ++j) {
-        std::int64_t* at = packed.data() + trailing_offset(v, ps, 2) + static_cast<std::ptrdiff_t>(j * ps[1]);
-        at[0] = 0, at[ps[0]] = count(r), at[2 * ps[0]] = before, at[3 * ps[0]] = count(j);
-      }
-    });
-    dims_t out_shape = xs;
-    out_shape[0] = static_cast<std::size_t>(rows);
-    out_shape.insert(out_shape.end(), trailing.begin(), trailing.end());
-    xt::xarray<T> zeros = xt::xarray<T>::from_shape(out_shape);
-    zeros.fill(T{});
-    auto operand = ragged_broadcast(x, xs, trailing);
-    auto out = ragged_all_to_all_rule<T>(verb, block_of(operand), std::move(zeros), block_of(packed), xs.size(),
-                                         described, std::nullopt);
-    constexpr axis_mask varying = (mask_of<X>() | mask_of<C>()) & ~Env::template mask_of<Names...>();
-    return make_named<shared_array<T>, Env, varying>(share_array(std::move(out)));
+    in.operand = ragged_broadcast(in.operand, xs, trailing);
+    in.ints = ragged_broadcast(in.ints, dims_t{}, trailing);
+    in.positional_rank = xs.size();
+    return in;
   }
 };
+
+/// Starts ragged_all_to_all or all_gather_v (`op`, one of the operations above, whose Verb is
+/// the asynchronous form) of `xs`. Among device threads, when every axis is one, the start lays
+/// the operands out as the blocking form does (no exchange) and leaves the integer arrays and
+/// the operand for every member (start_arrays); the wait runs the blocking rule on the members'
+/// blocks, so it gives the blocking result bit for bit, and reports its mistakes. Every other
+/// case (vmap, processes, a mix of placements) runs the blocking form at start.
+template <class Verb, class Op, class... Xs>
+auto start_ragged(const Op& op, const Xs&... xs) {
+  (require_not_traced<Xs>(), ...);
+  using R = decltype(when_resolved(op, xs...));
+  return [&]<class... Names>(type_list<Names...> names) {
+    if constexpr ((NamedValue<Xs> || ...) && !(DeferredValue<Xs> || ...)) {
+      using Env = typename merged_env<env<>, Xs...>::type;
+      require_bound<Verb, Env, Names...>();
+      const auto axes = ragged_axes<Verb, Env, Names...>();
+      if (const auto threads = thread_axes(axes)) {
+        auto in = op.prepare(xs...);
+        using T = typename decltype(in.operand)::value_type;
+        auto ints = share_array(std::move(in.ints));
+        auto operand = share_array(std::move(in.operand));
+        auto rule = [op, in = std::move(in)](const shared_array<std::int64_t>& i, const shared_array<T>& o) mutable {
+          return op.template typed<Xs...>(op.rule(in, block_of(o), block_of(i)));
+        };
+        return start_arrays<R, Verb>(names, axes, *threads, op.given_groups(), std::move(rule), std::move(ints),
+                                     std::move(operand));
+      }
+    }
+    return async_state<R>(&async_what<Verb, Names...>, when_resolved(op, xs...));
+  }(names_only(to_axis_list(op.axes)));
+}
 
 }  // namespace namedax::detail
