@@ -807,6 +807,18 @@ TEST_SUITE("async collectives") {
     INFO(e2);
     CHECK(contains(e2, "different asynchronous calls"));
     CHECK(contains(e2, "async::all_gather over ('i',) at axis 1"));
+    // Device 1 gathers along "i" and dim 0, the others along "i" alone: the same blocks travel,
+    // and the receivers tell the calls apart by the dims, as the blocking pgather's devices do.
+    auto other_dims = [](auto x) {
+      const xt::xarray<int> at{1};
+      if (device_index(4) == 1)
+        return namedax::eval(namedax::sum(namedax::async::pgather(x, at, namedax::axes("i"_ax, 0)).wait()));
+      return namedax::eval(namedax::sum(namedax::async::pgather(x, at, "i"_ax).wait()));
+    };
+    const std::string e4 = namedax_test::error_of([&] { namedax::pmap<"i">(other_dims)(xs); });
+    INFO(e4);
+    CHECK(contains(e4, "different asynchronous calls"));
+    CHECK(contains(e4, "along dims (0"));
     // A bad option is reported by every device's wait, as the blocking collective reports it.
     auto bad = [](auto x) { return namedax::async::psum_scatter(x, "i"_ax, {.scatter_dimension = 3}).wait(); };
     const std::string e3 = namedax_test::error_of([&] { namedax::pmap<"i">(bad)(xs); });

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <sstream>
 
 using namespace namedax::literals;
 using namedax_test::both_modes;
@@ -23,6 +24,57 @@ struct gradients {
 
 
 TEST_SUITE("docstring examples") {
+  TEST_CASE("the worked values of the headers' doc comments, in both modes") {
+    // Each quote is the header's (tests/doc_comments.cmake checks that every one is here).
+    const xt::xarray<int> x = xt::arange<int>(4);
+    auto same = [](std::string_view quote, const auto& got, const auto& expected) {
+      INFO(quote);
+      CHECK_BITWISE(got.first, expected);
+      CHECK_BITWISE(got.second, expected);
+    };
+    same("psum: With x = [0, 1, 2, 3] mapped along \"i\": [6, 6, 6, 6]",
+         both_modes([](auto v) { return namedax::psum(v, "i"_ax); }, x), xt::xarray<int>{6, 6, 6, 6});
+    same("pmean: [0, 1, 2, 3] -> [1.5, ...]", both_modes([](auto v) { return namedax::pmean(v, "i"_ax); }, x),
+         xt::xarray<float>{1.5f, 1.5f, 1.5f, 1.5f});
+    same("all_gather: With x = [0, 1, 2, 3] along \"i\": [0, 1, 2, 3] on every index",
+         both_modes([](auto v) { return namedax::all_gather(v, "i"_ax); }, x),
+         xt::xarray<int>(xt::broadcast(xt::arange<int>(4), {4, 4})));
+    same("psum_scatter: With x the rows of arange(16).reshape(4, 4) along \"i\": [24, 28, 32, 36] on index 0..3",
+         both_modes([](auto v) { return namedax::psum_scatter(v, "i"_ax); }, xt::xarray<int>(xt::arange<int>(16).reshape({4, 4}))),
+         xt::xarray<int>{24, 28, 32, 36});
+    same("pbroadcast: With x = [0, 1, 2, 3] along \"i\" and source 2: [2, 2, 2, 2]",
+         both_modes([](auto v) { return namedax::pbroadcast(v, "i"_ax, 2); }, x), xt::xarray<int>{2, 2, 2, 2});
+    same("axis_index: Under pmap<\"i\"> over 4 devices: 0, 1, 2, 3 on the devices",
+         both_modes([](auto v) { return namedax::eval(v * 0 + namedax::axis_index("i"_ax)); }, x), x);
+    const xt::xarray<float> sixths{0.f, 1.f / 6, 2.f / 6, 3.f / 6};
+    auto normalize = [](auto v) { return v / namedax::psum(v, "i"_ax); };
+    same("vmap: f(xt::xarray<float>{0, 1, 2, 3})  // {0, 1/6, 2/6, 3/6}",
+         both_modes(normalize, xt::xarray<float>{0, 1, 2, 3}), sixths);
+    namedax::mesh m{namedax::devices<"i">(4)};
+    const xt::xarray<float> sharded =
+        namedax::shard_map(normalize, m, namedax::P("i"_ax), namedax::P("i"_ax))(xt::xarray<float>{0, 1, 2, 3});
+    CHECK_BITWISE(sharded, sixths);  // shard_map's: the same quote
+    same("pmap: (xt::arange<int>(4))  // {6, 6, 6, 6}", both_modes([](auto v) { return namedax::psum(v, "i"_ax); }, x),
+         xt::xarray<int>{6, 6, 6, 6});
+    // all_gather_v: along "i" of size 3: x = [[a, b], [c, _], [d, e]], count = [2, 1, 2]
+    const xt::xarray<int> rows{{1, 2}, {3, -1}, {4, 5}}, count{2, 1, 2};
+    same("all_gather_v(x, count, \"i\"_ax)  // [a, b, c, d, e] on every index",
+         both_modes([](auto v, auto c) { return namedax::pvary(namedax::all_gather_v(v, c, "i"_ax), "i"_ax); }, rows, count),
+         xt::xarray<int>(xt::broadcast(xt::xarray<int>{1, 2, 3, 4, 5}, {3, 5})));
+    // operator<<: a value of positional shape (2,) under a vmap of size 3, as elementwise.hpp prints it.
+    std::string printed;
+    namedax::vmap<"i">([&](auto v) {
+      std::ostringstream out;
+      out << namedax::eval(v * 1.f);
+      printed = out.str();
+      return v;
+    })(xt::xarray<float>(xt::arange<float>(6).reshape({3, 2})));
+    INFO(printed);
+    CHECK(printed.find("named float32 (2,)") != std::string::npos);
+    CHECK(printed.find("axes: i (vmap, size 3)") != std::string::npos);
+    CHECK(printed.find("varies along: i") != std::string::npos);
+    CHECK(printed.find("value (2, i=3):\n{{ 0.,  2.,  4.},\n { 1.,  3.,  5.}}") != std::string::npos);
+  }
   TEST_CASE("JAX docstring, psum: [0, 1, 2, 3] sums to 6 on every index") {
     xt::xarray<int> x = xt::arange<int>(4);
     auto [v, p] = both_modes([](auto x) { return namedax::psum(x, "i"_ax); }, x);

@@ -195,6 +195,31 @@ constexpr bool binary_element_types_follow_xtensor(const Ops& ops) {
                                                 std::declval<const xt::xarray<std::int32_t>&>()))::value_type> && ...);
   }, ops);
 }
+namespace {
+
+/// f mapped along "i" over the elements of `in`, and over the pairs of `a` and `b`.
+template <class F, class T>
+auto per_element(F f, const xt::xarray<T>& in) {
+  return namedax::vmap<"i">([f](auto x) { return namedax::eval(f(x)); })(in);
+}
+template <class F, class T>
+auto per_pair(F f, const xt::xarray<T>& a, const xt::xarray<T>& b) {
+  return namedax::vmap<"i">([f](auto x, auto y) { return namedax::eval(f(x, y)); })(a, b);
+}
+
+/// A worked value of a doc comment, `quote` as the comment writes it (tests/doc_comments.cmake
+/// checks that every one is quoted in a test): `got` equals `expected`, NaN equal to NaN.
+template <class G, class E>
+void worked_value(std::string_view quote, const G& got, const E& expected) {
+  INFO(quote);
+  using V = typename G::value_type;
+  const xt::xarray<V> want = expected;
+  REQUIRE(got.shape() == want.shape());
+  if constexpr (std::is_floating_point_v<V>) CHECK(xt::all(xt::isclose(got, want, 1e-6, 1e-7, true)));
+  else CHECK(xt::all(xt::equal(got, want)));
+}
+}  // namespace
+
 static_assert(element_types_follow_xtensor<int_named>(unary));
 static_assert(binary_element_types_follow_xtensor<int_named>(binary));
 
@@ -234,6 +259,56 @@ TEST_SUITE("elementwise") {
     CHECK(v(4) == 1.f);
     auto integers = namedax::vmap<"i">([](auto x) { return namedax::sigmoid(x); })(xt::xarray<int>{0, 1});
     static_assert(std::is_same_v<decltype(integers)::value_type, double>);
+  }
+
+  TEST_CASE("the worked values of elementwise.hpp's doc comments") {
+    constexpr double pi = 3.14159265358979323846;
+    constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+    using f = xt::xarray<float>;
+    using d = xt::xarray<double>;
+    using b = xt::xarray<bool>;
+    worked_value("{-2, 3} -> {2, 3}", per_element([](auto x) { return namedax::abs(x); }, xt::xarray<int>{-2, 3}),
+                 xt::xarray<int>{2, 3});
+    worked_value("{-2.f, 0.f, 5.f} -> {-1.f, 0.f, 1.f}", per_element([](auto x) { return namedax::sign(x); }, f{-2.f, 0.f, 5.f}),
+                 f{-1.f, 0.f, 1.f});
+    worked_value("{-5.f, 5.f} -> {-2.f, 2.f}", per_element([](auto x) { return namedax::fmod(x, 3.f); }, f{-5.f, 5.f}),
+                 f{-2.f, 2.f});
+    worked_value("{0.f, 1.f} -> {1.f, 2.7182817f}", per_element([](auto x) { return namedax::exp(x); }, f{0.f, 1.f}),
+                 f{1.f, 2.7182817f});
+    worked_value("{0.f} -> {0.5f}", per_element([](auto x) { return namedax::sigmoid(x); }, f{0.f}), f{0.5f});
+    worked_value("{2.f, 3.f} -> {4.f, 9.f}", per_element([](auto x) { return namedax::pow(x, 2.f); }, f{2.f, 3.f}),
+                 f{4.f, 9.f});
+    worked_value("{4.f, 9.f} -> {2.f, 3.f}", per_element([](auto x) { return namedax::sqrt(x); }, f{4.f, 9.f}), f{2.f, 3.f});
+    worked_value("{-8.} -> {-2.}", per_element([](auto x) { return namedax::cbrt(x); }, d{-8.}), d{-2.});
+    worked_value("(3, 4) -> 5", per_pair([](auto x, auto y) { return namedax::hypot(x, y); }, d{3.}, d{4.}), d{5.});
+    worked_value("{0., pi / 2} -> {0., 1.}", per_element([](auto x) { return namedax::sin(x); }, d{0., pi / 2}), d{0., 1.});
+    worked_value("{0.} -> {1.}", per_element([](auto x) { return namedax::cos(x); }, d{0.}), d{1.});
+    worked_value("(1, -1) -> 3 pi / 4", per_pair([](auto y, auto x) { return namedax::atan2(y, x); }, d{1.}, d{-1.}),
+                 d{3 * pi / 4});
+    worked_value("{0.f} -> {0.f}", per_element([](auto x) { return namedax::tanh(x); }, f{0.f}), f{0.f});
+    worked_value("{0.f} -> {0.f}", per_element([](auto x) { return namedax::erf(x); }, f{0.f}), f{0.f});
+    worked_value("{180.} -> {pi}", per_element([](auto x) { return namedax::deg2rad(x); }, d{180.}), d{pi});
+    worked_value("{180.} -> {pi}", per_element([](auto x) { return namedax::radians(x); }, d{180.}), d{pi});
+    worked_value("{pi} -> {180.}", per_element([](auto x) { return namedax::rad2deg(x); }, d{pi}), d{180.});
+    worked_value("{pi} -> {180.}", per_element([](auto x) { return namedax::degrees(x); }, d{pi}), d{180.});
+    worked_value("{5.} -> {24.}", per_element([](auto x) { return namedax::tgamma(x); }, d{5.}), d{24.});
+    worked_value("{1.2f, -1.2f} -> {2.f, -1.f}", per_element([](auto x) { return namedax::ceil(x); }, f{1.2f, -1.2f}),
+                 f{2.f, -1.f});
+    worked_value("{1.2f, -1.2f} -> {1.f, -2.f}", per_element([](auto x) { return namedax::floor(x); }, f{1.2f, -1.2f}),
+                 f{1.f, -2.f});
+    worked_value("{1.7f, -1.7f} -> {1.f, -1.f}", per_element([](auto x) { return namedax::trunc(x); }, f{1.7f, -1.7f}),
+                 f{1.f, -1.f});
+    worked_value("{0.5f, 2.5f} -> {1.f, 3.f}", per_element([](auto x) { return namedax::round(x); }, f{0.5f, 2.5f}),
+                 f{1.f, 3.f});
+    worked_value("{0.5f, 2.5f} -> {0.f, 2.f}", per_element([](auto x) { return namedax::nearbyint(x); }, f{0.5f, 2.5f}),
+                 f{0.f, 2.f});
+    worked_value("{NaN, 1.f} -> {true, false}", per_element([](auto x) { return namedax::isnan(x); }, f{nan, 1.f}),
+                 b{true, false});
+    worked_value("{-0.f, 0.f, -1.f} -> {true, false, true}",
+                 per_element([](auto x) { return namedax::signbit(x); }, f{-0.f, 0.f, -1.f}), b{true, false, true});
+    constexpr float inf = std::numeric_limits<float>::infinity(), big = std::numeric_limits<float>::max();
+    worked_value("NaN -> 0, +-inf -> the largest finite values",
+                 per_element([](auto x) { return namedax::nan_to_num(x); }, f{nan, inf, -inf}), f{0.f, big, -big});
   }
 
   TEST_CASE("binary functions and operators match xtensor, in every placement and element type") {

@@ -248,8 +248,8 @@ auto local(const X& x) {
 ///       axes: i (vmap, size 3)
 ///       varies along: i
 ///       value (2, i=3):
-///     {{ 0., 2., 4.},
-///      { 1., 3., 5.}}
+///     {{ 0.,  2.,  4.},
+///      { 1.,  3.,  5.}}
 template <class E, class Env, axis_mask V>
 std::ostream& operator<<(std::ostream& out, const named<E, Env, V>& x) {
   detail::print_named(out, x);

@@ -980,11 +980,14 @@ auto start_pgather(const S& src, const I& idx, const A& axes) {
     else return idx;
   }();
   auto run = [index, axes](const auto& s) { return namedax::pgather(s, index, axes); };
-  // Positional axes in `axes` only index src's block, which goes as it is: start along the names.
+  // Positional axes in `axes` only index src's block, which goes as it is: start along the
+  // names, with the dims in the call's signature, as the blocking frame writes them.
   auto names = []<std::size_t P, class... Names>(const axis_list<P, Names...>&) { return axis_list<0, Names...>{}; };
-  if constexpr (std::is_same_v<typename merged_env<env<>, S, I>::type, typename env_of<S>::type>)
-    return start_collective<Verb, false>(src, names(to_axis_list(axes)), "", std::nullopt, run);
-  else
+  if constexpr (std::is_same_v<typename merged_env<env<>, S, I>::type, typename env_of<S>::type> && NamedValue<S>) {
+    const auto list = to_axis_list(axes);
+    const std::string dims = message(" along dims ", canonical_positional(Verb::name, list.positional, src.dimension()));
+    return start_collective<Verb, false>(src, names(list), dims, std::nullopt, run);
+  } else
     return computed_at_start<Verb>(src, axes, [&] { return run(src); });
 }
 
