@@ -297,7 +297,7 @@ xt::xarray<T> ragged_payload(const Y& y) {
 
 /// `a` broadcast to positional dims `positional` and vectorized dims `trailing`, in memory.
 template <class T>
-xt::xarray<T> ragged_broadcast(const xt::xarray<T>& a, dims_t positional, const dims_t& trailing) {
+xt::xarray<T> ragged_broadcast(xt::xarray<T> a, dims_t positional, const dims_t& trailing) {
   positional.insert(positional.end(), trailing.begin(), trailing.end());
   if (std::equal(positional.begin(), positional.end(), a.shape().begin(), a.shape().end())) return a;
   return xt::xarray<T>(xt::broadcast(a, positional));
@@ -408,9 +408,9 @@ struct ragged_all_to_all_op {
     packed_shape.insert(packed_shape.end(), trailing.begin(), trailing.end());
     in.ints = xt::xarray<std::int64_t>::from_shape(packed_shape);
     for (std::size_t f = 0; f < 4; ++f)
-      xt::view(in.ints, f) = ragged_broadcast(arrays[f], dims_t{peers}, trailing);
-    in.operand = ragged_broadcast(in.operand, xs, trailing);
-    in.output = ragged_broadcast(in.output, os, trailing);
+      xt::view(in.ints, f) = ragged_broadcast(std::move(arrays[f]), dims_t{peers}, trailing);
+    in.operand = ragged_broadcast(std::move(in.operand), xs, trailing);
+    in.output = ragged_broadcast(std::move(in.output), os, trailing);
     in.positional_rank = xs.size();
     return in;
   }
@@ -482,8 +482,8 @@ struct all_gather_v_op {
       trailing[k] = broadcast_extent(in.operand.shape()[xs.size() + k], in.ints.shape()[k]);
     for (const auto& ax : in.axes)
       if (ax.place == placement::vectorized) trailing[ax.slot] = ax.size;
-    in.operand = ragged_broadcast(in.operand, xs, trailing);
-    in.ints = ragged_broadcast(in.ints, dims_t{}, trailing);
+    in.operand = ragged_broadcast(std::move(in.operand), xs, trailing);
+    in.ints = ragged_broadcast(std::move(in.ints), dims_t{}, trailing);
     in.positional_rank = xs.size();
     return in;
   }
