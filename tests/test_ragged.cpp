@@ -362,7 +362,7 @@ TEST_SUITE("async ragged_all_to_all and all_gather_v") {
   /// done meanwhile: the same type and bits.
   auto started_and_blocking = [](auto blocking, auto start) {
     return std::pair{[blocking](auto... v) { return namedax::eval(blocking(v...)); },
-                     [blocking, start](auto... v) {
+                     [=](auto... v) {  // blocking only in decltype: not captured
                        auto h = start(v...);
                        static_assert(std::is_same_v<decltype(h.wait()), decltype(blocking(v...))>);
                        auto second = start(v...);
