@@ -614,6 +614,58 @@ TEST_SUITE("vectorized fast paths") {
         CHECK_BITWISE(namedax::vmap<"i">(swap, 0, 1)(every_other), namedax::pmap<"i">(swap, 0, 1)(every_other));
       }
   }
+
+  TEST_CASE("untiled all_to_all under vmap is a view of its operand: no element moves, the operand lives as long") {
+    std::mt19937 rng(11);
+    const std::size_t n = 4;
+    const xt::xarray<float> x = namedax_test::random_array<float>(rng, {n, n, n, 5});
+    auto split0 = [](auto v) { return namedax::all_to_all(v, "i"_ax, 0, 1); };
+    // The result reads the caller's array in place: its elements are x's.
+    const float* seen = nullptr;
+    auto watched = [&](auto v) {
+      auto r = namedax::all_to_all(v, "i"_ax, 0, 1);
+      seen = namedax::detail::block_of(r.payload()).data;
+      return r;
+    };
+    CHECK_BITWISE(namedax::vmap<"i">(watched)(x), namedax::pmap<"i">(split0)(x));
+    CHECK((seen >= x.data() && seen < x.data() + x.size()));
+    // The operand is a temporary, or a lazy expression, gone before the result is read.
+    auto of_temporary = [](auto v) {
+      auto r = [&] {
+        auto doubled = namedax::eval(v * 2.f);
+        return namedax::all_to_all(doubled, "i"_ax, 1, 0);
+      }();
+      return r + namedax::all_to_all(v - 1.f, "i"_ax, 0, 1);
+    };
+    CHECK_BITWISE(namedax::vmap<"i">(of_temporary)(x), namedax::pmap<"i">(of_temporary)(x));
+    // Rebound, reduced, gathered, exchanged again, read through a negative stride (flip).
+    auto used = [](auto v) {
+      auto r = namedax::all_to_all(v, "i"_ax, 0, 0);
+      r = r * 3.f;
+      auto back = namedax::all_to_all(namedax::all_to_all(v, "i"_ax, 1, 1), "i"_ax, 0, 0);
+      auto flipped = namedax::all_to_all(namedax::flip(v, 0), "i"_ax, 0, 0);
+      return std::tuple{r + namedax::psum(back, "i"_ax), namedax::all_gather(back, "i"_ax), flipped,
+                        namedax::pswapaxes(v, "i"_ax, 0)};
+    };
+    const auto [a, b, c, d] = namedax::vmap<"i">(used)(x);
+    const auto [pa, pb, pc, pd] = namedax::pmap<"i">(used)(x);
+    CHECK_BITWISE(a, pa);
+    CHECK_BITWISE(b, pb);
+    CHECK_BITWISE(c, pc);
+    CHECK_BITWISE(d, pd);
+    // Inside device threads, and around them; written into the caller's array.
+    auto inner = [](auto v) { return namedax::all_to_all(v, "i"_ax, 1, 0); };
+    const xt::xarray<float> y = namedax_test::random_array<float>(rng, {2, n, 3, n});
+    const auto expected = namedax::pmap<"j">(namedax::pmap<"i">(inner))(y);
+    CHECK_BITWISE(namedax::pmap<"j">(namedax::vmap<"i">(inner))(y), expected);
+    auto outer_inner = [](auto w) { return namedax::all_to_all(w, "i"_ax, 0, 0); };
+    const xt::xarray<float> z = namedax_test::random_array<float>(rng, {n, 2, n, 3});
+    CHECK_BITWISE(namedax::vmap<"i">(namedax::pmap<"j">(outer_inner))(z),
+                  namedax::pmap<"i">(namedax::pmap<"j">(outer_inner))(z));
+    xt::xarray<float> out;
+    namedax::vmap<"i">(split0).into(out)(x);
+    CHECK_BITWISE(out, namedax::pmap<"i">(split0)(x));
+  }
 }
 
 namespace {

@@ -360,6 +360,15 @@ template <class E>
 inline constexpr bool owns_its_data = false;
 template <class T>
 inline constexpr bool owns_its_data<shared_array<T>> = true;
+template <class T>
+inline constexpr bool owns_its_data<shared_window<T>> = true;
+
+/// An array as the payload type E of a value that owns its data.
+template <class E, class T>
+E owned_payload(xt::xarray<T>&& a) {
+  if constexpr (std::is_same_v<E, shared_window<T>>) return share_window(std::move(a));
+  else return share_array(std::move(a));
+}
 
 // Named so that a failing static_assert prints both masks (bit k: axis k of the environment).
 template <axis_mask Variable, axis_mask Assigned>
@@ -384,12 +393,12 @@ void named<E, Env, Varying>::rebind(const R& r) {
     if constexpr (std::is_arithmetic_v<Y>) {
       auto a = detail::uninitialized_array<value_type>(std::vector<std::size_t>(Env::vectorized_count, 1));
       a.fill(static_cast<value_type>(y));
-      payload_ = detail::share_array(std::move(a));
+      payload_ = detail::owned_payload<E>(std::move(a));
     } else {
       static_assert(detail::same_element_type<value_type, detail::value_type_of_t<Y>>,
                     "namedax: the value assigned has another element type than the variable; convert it with "
                     "namedax::cast<T>(...)");
-      payload_ = detail::share_array(detail::evaluate<value_type>(detail::payload_in<Env>(y)));
+      payload_ = detail::owned_payload<E>(detail::evaluate<value_type>(detail::payload_in<Env>(y)));
     }
   }
 }

@@ -272,6 +272,11 @@ TEST_SUITE("collectives on processes against vmap") {
     xt::xarray<T> square = xt::view(x, xt::all(), xt::all(), 0);
     xt::xarray<T> transposed = xt::transpose(square);
     CHECK_BITWISE(namedax::mpi::pmap<"i">([](auto x) { return namedax::pswapaxes(x, "i"_ax, 0); })(square), transposed);
+    // Over a vmap around the processes: all_to_all along the vectorized axis is a view of its
+    // operand in another memory order, laid out before the processes gather their results.
+    auto outer = [](auto x) { return namedax::all_to_all(x, "v"_ax, 0, 1); };
+    const auto y = whole_numbers<T>(rng, {3, n, 3, 2});
+    CHECK_BITWISE(namedax::vmap<"v">(namedax::mpi::pmap<"i">(outer))(y), namedax::vmap<"v">(namedax::vmap<"i">(outer))(y));
   }
   TEST_CASE("ppermute (a ring, a partial permutation that zero-fills) and pshuffle") {
     const std::size_t n = processes;

@@ -13,6 +13,36 @@ inline std::string_view split_options(int split_axis, int concat_axis, bool tile
   return option_text(" with split_axis ", split_axis, " and concat_axis ", concat_axis, tiled ? ", tiled" : "");
 }
 
+/// all_to_all under vmap over one axis, untiled and without groups, of an operand that varies
+/// along it: no element moves, only the dims change roles (index p of the result along the
+/// axis, member k along concat_axis, is member k's piece p along split_axis), so the result
+/// is a view of the operand. Checks the call as the rule does; nothing in every other case.
+inline bool all_to_all_is_view(std::span<const named_axis> axes, bool grouped, bool tiled) {
+  return axes.size() == 1 && !grouped && !tiled && axes[0].place == placement::vectorized && axes[0].varies;
+}
+
+/// The view, where all_to_all_is_view, the operand holds every member (a value typed as
+/// varying may still be one member broadcast) and its strides are not negative.
+template <class T>
+std::optional<strided_block<T>> all_to_all_view(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
+                                                std::span<const named_axis> axes, int split_axis, int concat_axis,
+                                                std::string_view split_name) {
+  const std::size_t g = axes[0].size, slot = positional_rank + axes[0].slot;
+  if (in.shape[slot] != g || std::any_of(in.strides.begin(), in.strides.end(), [](std::ptrdiff_t s) { return s < 0; }))
+    return std::nullopt;
+  const std::size_t split = positional_axis(verb, split_name, split_axis, positional_rank, axes);
+  const std::size_t concat = positional_axis(verb, "concat_axis", concat_axis, positional_rank, axes);
+  chunk_length(verb, split_name, split_axis, in.shape[split], g, false, axes, false);
+  const std::ptrdiff_t member_step = in.strides[slot];
+  in.strides[slot] = in.strides[split];  // the piece index becomes the axis index
+  in.shape.erase(in.shape.begin() + static_cast<std::ptrdiff_t>(split));
+  in.strides.erase(in.strides.begin() + static_cast<std::ptrdiff_t>(split));
+  insert_dim(in.shape, concat, g);
+  in.strides.push_back(g == 1 ? 0 : member_step);
+  std::rotate(in.strides.begin() + static_cast<std::ptrdiff_t>(concat), in.strides.end() - 1, in.strides.end());
+  return in;
+}
+
 template <class T>
 xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
                               std::span<const named_axis> axes, const std::optional<groups_t>& groups, int split_axis,

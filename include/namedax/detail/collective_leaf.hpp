@@ -107,7 +107,9 @@ auto collective_leaf(const X& x, type_list<Names...> names, Rule rule) {
     using R = typename decltype(out)::value_type;
     constexpr axis_mask names_mask = Env::template mask_of<Names...>();
     constexpr axis_mask varying = Invariant ? (X::varying & ~names_mask) : (X::varying | names_mask);
-    if constexpr (std::is_same_v<decltype(out), shared_array<R>>) return make_named<shared_array<R>, Env, varying>(std::move(out));
+    using Out = decltype(out);
+    if constexpr (std::is_same_v<Out, shared_array<R>> || std::is_same_v<Out, shared_window<R>>)
+      return make_named<Out, Env, varying>(std::move(out));
     else return make_named<shared_array<R>, Env, varying>(share_array<R>(std::move(out)));
   }
 }

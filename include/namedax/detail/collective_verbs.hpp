@@ -62,6 +62,38 @@ auto psum_scatter_tree(const X& x, const A& axes, const psum_scatter_options& op
   return tree_map(x, traced_to_rule<rule::psum_scatter, Verb>(scatter, axes, options));
 }
 
+/// all_to_all of one named leaf as a view of its operand (all_to_all_view), which the result
+/// keeps alive: where the operand lies in memory, a copy of its payload; else the array it is
+/// evaluated into. Nothing where the rule must run.
+template <class Verb, class X, class... Names>
+auto all_to_all_in_place(const X& x, type_list<Names...>, bool grouped, int split_axis, int concat_axis, bool tiled,
+                         std::string_view split_name) {
+  using T = typename X::value_type;
+  using Env = typename X::env_type;
+  constexpr axis_mask varying = X::varying | Env::template mask_of<Names...>();
+  std::optional<named<shared_window<T>, Env, varying>> out;
+  require_bound<Verb, Env, Names...>();
+  const auto axes = describe_named_axes<X, Names...>(Verb::name);
+  if (!all_to_all_is_view(axes, grouped, tiled)) return out;
+  using P = std::remove_cvref_t<decltype(x.payload())>;
+  std::shared_ptr<const void> owner;
+  strided_block<T> in;
+  if constexpr (StridedMemory<P> && std::is_same_v<typename P::value_type, T>) {
+    auto payload = std::make_shared<const P>(x.payload());
+    in = block_of(*payload);
+    owner = std::move(payload);
+  } else {
+    auto evaluated = shared_storage(evaluate<T>(x.payload()));
+    in = block_of(*evaluated);
+    owner = std::move(evaluated);
+  }
+  const std::size_t positional_rank = in.shape.size() - Env::vectorized_count;
+  if (auto view = all_to_all_view(Verb::name, std::move(in), positional_rank, std::span<const named_axis>(axes),
+                                  split_axis, concat_axis, split_name))
+    out = make_named<shared_window<T>, Env, varying>(share_window<T>(std::move(owner), *view));
+  return out;
+}
+
 /// all_to_all of every leaf. pswapaxes is the untiled one with split_axis == concat_axis,
 /// whose errors call that dimension `split_name` ("axis").
 template <class Verb, class X, class A>
@@ -71,10 +103,15 @@ auto all_to_all_tree(const X& x, const A& axes, int split_axis, int concat_axis,
   auto names = names_only(to_axis_list(axes));
   auto groups = groups_of(axis_index_groups);
   auto exchange = [&](const auto& leaf) {
+    using L = std::remove_cvref_t<decltype(leaf)>;
+    if constexpr (NamedValue<L>)
+      if (auto view = all_to_all_in_place<Verb>(leaf, names, groups.has_value(), split_axis, concat_axis, tiled, split_name))
+        return std::move(*view);
     return collective_leaf<Verb, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
       if (auto out = all_to_all_across_processes(Verb::name, in, rank, ax, groups, split_axis, concat_axis, tiled))
-        return std::move(*out);
-      return all_to_all_rule(Verb::name, std::move(in), rank, ax, groups, split_axis, concat_axis, tiled, split_name);
+        return share_window(std::move(*out));
+      return share_window(
+          all_to_all_rule(Verb::name, std::move(in), rank, ax, groups, split_axis, concat_axis, tiled, split_name));
     });
   };
   return tree_map(x, traced_to_rule<rule::all_to_all, Verb>(exchange, axes, split_axis, concat_axis,

@@ -20,6 +20,7 @@
 #include <namedax/detail/buffers.hpp>
 #include <namedax/detail/fault.hpp>
 
+#include <xtensor/xadapt.hpp>
 #include <xtensor/xarray.hpp>
 #include <xsimd/xsimd.hpp>
 
@@ -541,6 +542,39 @@ auto block_of(const E& e) {
   strided_block<T> b{e.data() + e.data_offset(), {e.shape().begin(), e.shape().end()}, {}};
   for (std::size_t k = 0; k < b.shape.size(); ++k) b.strides.push_back(b.shape[k] == 1 ? 0 : e.strides()[k]);
   return b;
+}
+
+/// A strided window on memory that another object owns, kept alive with it: the payload of a
+/// collective result that is a view of its operand (all_to_all under vmap moves no element)
+/// or of the rule's own array. Read-only, as every payload is.
+template <class T>
+using strided_window = xt::xarray_adaptor<xt::xbuffer_adaptor<T*, xt::no_ownership>, xt::layout_type::dynamic, dims_t>;
+template <class T>
+using shared_window = xt::xshared_expression<strided_window<T>>;
+
+/// The window on `b` that keeps `owner` alive. (xtensor sizes the buffer as the element
+/// count, whatever the strides: what it reads through them is never checked against it.)
+template <class T>
+shared_window<T> share_window(std::shared_ptr<const void> owner, const strided_block<T>& b) {
+  struct held {
+    std::shared_ptr<const void> owner;
+    strided_window<T> window;
+  };
+  std::size_t count = 1;
+  for (std::size_t d : b.shape) count *= d;
+  auto h = std::allocate_shared<held>(  // a recycled block: a collective called again allocates nothing
+      recycling_allocator<held>{},
+      held{std::move(owner), xt::adapt(const_cast<T*>(b.data), count, xt::no_ownership(), b.shape, b.strides)});
+  return shared_window<T>(std::shared_ptr<strided_window<T>>(h, &h->window));
+}
+
+/// An array as a window on all of it, which it owns; the array goes back to the pool when
+/// the last copy goes.
+template <class T>
+shared_window<T> share_window(xt::xarray<T>&& a) {
+  std::shared_ptr<xt::xarray<T>> owner = shared_storage(std::move(a));
+  const strided_block<T> whole = block_of(*owner);
+  return share_window<T>(std::move(owner), whole);
 }
 
 /// to[p * to_row + q] = from[q * from_row + p] for p < ps, q < qs: W x W blocks loaded as W

@@ -431,8 +431,8 @@ auto run_vectorized(const Call& call, const OutAxes& out_axes, Dest& dest) {
   });
 }
 
-/// One index's result leaves, in memory: an array a collective returned is kept as it is
-/// (shared, not copied), anything else is evaluated.
+/// One index's result leaves, in memory: what a collective returned is kept as it is (shared,
+/// not copied), anything else is evaluated.
 template <class Inner, class Result>
 auto evaluate_leaves(const Result& r) {
   return std::apply(
@@ -440,7 +440,7 @@ auto evaluate_leaves(const Result& r) {
         return std::tuple{[&] {
           const auto& payload = to_inner<Inner>(leaf).payload();
           using P = std::remove_cvref_t<decltype(payload)>;
-          if constexpr (std::is_same_v<P, shared_array<typename P::value_type>>) return payload;
+          if constexpr (owns_its_data<P>) return payload;
           else return evaluate(payload);
         }()...};
       },
@@ -547,8 +547,10 @@ auto run_on_processes(const Call& call, const OutAxes& out_axes, process_grid& p
     using L = std::remove_cvref_t<std::tuple_element_t<K, decltype(tree_leaves(std::declval<const result_type&>()))>>;
     check_unstacked<Binding, Inner, K, decltype(entry), L>();
     constexpr axis_mask varying = result_mask<Inner, L>;
-    const auto mine_block = block_of(std::get<K>(*mine));
+    auto mine_block = block_of(std::get<K>(*mine));
     using T = std::remove_cvref_t<decltype(*mine_block.data)>;
+    xt::xarray<T> laid_out;  // a leaf that views memory in another order, as the exchange sends it
+    make_row_major(mine_block, laid_out);
     std::vector<strided_block<T>> slabs{mine_block};
     xt::xarray<T> all;  // every process's leaf, gathered
     if (!std::is_same_v<decltype(entry), none_t> && !call.own_slices()) {
