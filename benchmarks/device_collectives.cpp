@@ -8,6 +8,9 @@
 //
 //   device_collectives --devices 2,4,8,16 --sizes 4,1024,65536 --collectives psum,ppermute
 //                      --out device.csv --gather-cap-mib 2048 --slow-limit 3
+//
+// `async_psum` (not in the default list) times namedax::async::psum started and waited at
+// once, against the same baselines as psum.
 #include "bench_common.hpp"
 
 #include <namedax/namedax.hpp>
@@ -41,7 +44,7 @@ double traffic(const std::string& collective, std::size_t n, std::size_t e) {
 /// Bus bandwidth (NCCL-tests convention) in bytes per second, for `e` floats per device.
 double bus_bandwidth(const std::string& collective, std::size_t n, std::size_t e, double seconds) {
   const double s = static_cast<double>(e * sizeof(float)), nn = static_cast<double>(n);
-  if (collective == "psum") return 2 * (nn - 1) / nn * s / seconds;
+  if (collective == "psum" || collective == "async_psum") return 2 * (nn - 1) / nn * s / seconds;
   if (collective == "all_gather") return (nn - 1) / nn * nn * s / seconds;
   if (collective == "psum_scatter" || collective == "all_to_all") return (nn - 1) / nn * s / seconds;
   return s / seconds;  // ppermute: each device sends and receives s bytes
@@ -105,6 +108,8 @@ double time_namedax(std::size_t n, std::size_t e, std::size_t bytes, Op op) {
 double time_namedax_collective(const std::string& collective, std::size_t n, std::size_t e, std::size_t bytes) {
   if (collective == "psum")
     return time_namedax(n, e, bytes, [](const auto& v) { return namedax::psum(v, "i"_ax); });
+  if (collective == "async_psum")  // started and waited at once: what the exchange itself costs
+    return time_namedax(n, e, bytes, [](const auto& v) { return namedax::async::psum(v, "i"_ax).wait(); });
   if (collective == "all_gather")
     return time_namedax(n, e, bytes, [](const auto& v) { return namedax::all_gather(v, "i"_ax, {.tiled = true}); });
   if (collective == "psum_scatter")
@@ -132,7 +137,8 @@ void sum_into(float* dst, const std::vector<std::vector<float>>& src, std::size_
 /// at a std::barrier before and after the exchange. psum reduces small messages in one shot (each
 /// thread sums all inputs) and large ones by reduce-scatter into a shared buffer (thread t sums
 /// chunk t) then all-gather (each thread copies the buffer).
-double time_hand(bench::thread_team& team, const std::string& collective, std::size_t e) {
+double time_hand(bench::thread_team& team, const std::string& name, std::size_t e) {
+  const std::string collective = name == "async_psum" ? "psum" : name;  // the same exchange
   const std::size_t n = team.size(), chunk = (e + n - 1) / n, split = e / n;
   std::vector<std::vector<float>> in(n), out(n);
   std::vector<float> shared(e);

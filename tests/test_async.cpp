@@ -673,6 +673,41 @@ TEST_SUITE("async collectives") {
     CHECK_BITWISE(namedax::pmap<"i">(namedax::pmap<"j">(both_axes))(xs), nested);
   }
 
+  TEST_CASE("a large asynchronous reduction is folded once: every device's result is one shared array") {
+    // 300 000 floats per device: the size from which the blocking reduction folds in chunks.
+    std::mt19937 rng(1206);
+    const std::size_t n = 4;
+    const xt::xarray<float> xs = namedax_test::random_array<float>(rng, {n, 3, 100000});
+    std::array<const void*, n> seen{};
+    auto started = [&](auto x) {
+      auto hs = namedax::async::psum(x, "i"_ax);
+      auto hm = namedax::async::pmean(x, "i"_ax);
+      auto hx = namedax::async::pmax(std::pair{x, x * 2.f}, "i"_ax);
+      auto [big, twice] = hx.wait();  // waited in reverse order: each wait folds its own call
+      auto mean = hm.wait();
+      auto sum = hs.wait();
+      seen[static_cast<std::size_t>(device_index(static_cast<int>(n)))] = sum.payload().data();
+      return std::tuple{sum, mean, big, twice};
+    };
+    auto blocking = [](auto x) {
+      return std::tuple{namedax::psum(x, "i"_ax), namedax::pmean(x, "i"_ax), namedax::pmax(x, "i"_ax),
+                        namedax::pmax(x * 2.f, "i"_ax)};
+    };
+    const auto [s, m, b, t] = namedax::pmap<"i">(started)(xs);
+    const auto [es, em, eb, et] = namedax::vmap<"i">(blocking)(xs);
+    CHECK_BITWISE(s, es);
+    CHECK_BITWISE(m, em);
+    CHECK_BITWISE(b, eb);
+    CHECK_BITWISE(t, et);
+    CHECK(seen[0] != nullptr);
+    for (std::size_t d = 1; d < n; ++d) CHECK(seen[d] == seen[0]);
+    // Below that size each device folds its own (the pieces would cost more than they save),
+    // with the same bits.
+    const xt::xarray<float> small = namedax_test::random_array<float>(rng, {n, 7});
+    auto small_sum = [](auto x) { return namedax::async::psum(x, "i"_ax).wait(); };
+    CHECK_BITWISE(namedax::pmap<"i">(small_sum)(small), namedax::vmap<"i">(small_sum)(small));
+  }
+
   TEST_CASE("async::pargmax and pargmin with ties, NaN and signed zeros, over device and vectorized axes at once") {
     // Values from a small set, so that indices tie, some hold NaN, and +0 meets -0.
     std::mt19937 rng(1205);

@@ -93,7 +93,9 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     const std::size_t kept_rank = rank - dims.size();
 
     auto named_axes = describe_named_axes<X, Names...>(verb);
-    if (auto shared = reduce_among_threads<T>(verb, in, named_axes, groups, K == reduction::mean, op))
+    auto shared = reduce_among_threads<T>(verb, in, named_axes, groups, K == reduction::mean, op);
+    if (!shared) shared = reduce_in_wait<T>(in, named_axes, groups, K == reduction::mean, op);
+    if (shared)
       return reduced_value<K, Grouped, X, Names...>(std::move(shared->first), std::move(shared->second), positional_count);
     auto across = reduce_across_processes<T>(verb, in, named_axes, groups, fold_of<K>());
     auto [sum, divisor] = across ? std::move(*across)

@@ -137,6 +137,27 @@ struct async_mailbox {
   async_slot& slot(std::size_t receiver, std::uint32_t sequence, std::size_t lane = 0) {
     return slots[(receiver * async_depth + sequence % async_depth) * lanes + lane];
   }
+
+  /// The shared_fold of leaf `leaf` of call `sequence`: made by the first member to ask,
+  /// forgotten here once every member has taken it.
+  std::shared_ptr<shared_fold> take_fold(std::uint32_t sequence, std::size_t leaf) {
+    std::lock_guard lock(folds_lock_);
+    auto it = std::find_if(folds_.begin(), folds_.end(),
+                           [&](const fold_entry& e) { return e.sequence == sequence && e.leaf == leaf; });
+    if (it == folds_.end()) it = folds_.insert(folds_.end(), {sequence, leaf, 0, std::make_shared<shared_fold>()});
+    std::shared_ptr<shared_fold> fold = it->fold;
+    if (++it->taken == size) folds_.erase(it);
+    return fold;
+  }
+
+ private:
+  struct fold_entry {
+    std::uint32_t sequence;
+    std::size_t leaf, taken;
+    std::shared_ptr<shared_fold> fold;
+  };
+  std::mutex folds_lock_;
+  std::vector<fold_entry> folds_;
 };
 
 /// ppermute's mailbox of the communicator of `m`, made by the first member that needs it.
@@ -254,6 +275,7 @@ class async_receipt {
   [[nodiscard]] std::string what() const { return message("namedax::", verb_, " over ", box_->axes); }
   [[nodiscard]] const std::string& device_path() const { return device_->path; }
   [[nodiscard]] std::uint32_t sequence() const { return sequence_; }
+  [[nodiscard]] const std::shared_ptr<async_mailbox>& mailbox() const { return box_; }
 
   /// Waits for this device's incoming block and takes it; a device that receives nothing gets
   /// zeros of `shape` (once the slot serves this call: at once, unless it still waits for an
@@ -809,6 +831,8 @@ class members_taken {
     auto& entry = received_.entries.emplace_back();
     entry.shape.assign(mine.shape().begin(), mine.shape().end());
     entry.mine = mine.data();
+    entry.shared = [box = receipts_[lane_].mailbox(), sequence = receipts_[lane_].sequence(),
+                    leaf = received_.entries.size() - 1] { return box->take_fold(sequence, leaf); };
     for (std::size_t k = 0; k < n; ++k) {
       auto block = receipts_[lane_++].template take<T>(entry.shape);
       entry.members.push_back(block.data());

@@ -14,8 +14,10 @@
 #include <xtensor/xarray.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <complex>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -249,6 +251,15 @@ dims_t with_axis_dims(dims_t shape, std::size_t positional_rank, std::span<const
   return shape;
 }
 
+/// A reduction's output that the members of one asynchronous call fold together in their
+/// waits (reduce_in_wait): each claims pieces until none is left, so that the result is
+/// computed once, not once per device, and every device shares it.
+struct shared_fold {
+  std::mutex making;          // the first member to come makes `out`
+  std::shared_ptr<void> out;  // an xt::xarray of the result's element type
+  std::atomic<std::size_t> claimed{0}, folded{0};  // pieces
+};
+
 /// What an asynchronous collective's start left for this device (detail/async.hpp): per leaf
 /// that meets other devices, every member's block (row-major, indexed as the rendezvous
 /// indexes them), this device's own among them, and the shape they share. While a wait() runs
@@ -262,6 +273,7 @@ struct received_members {
     std::vector<const void*> members;  // empty once a frame took them
     const void* mine;
     dims_t shape;
+    std::function<std::shared_ptr<shared_fold>()> shared;  // the call's shared_fold for this leaf
   };
   std::vector<entry> entries;
 };

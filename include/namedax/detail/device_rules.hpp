@@ -16,7 +16,9 @@
 #include <array>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 namespace namedax::detail {
 
@@ -181,6 +183,45 @@ std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_among_thread
   auto done = reduce_leaves_among_threads<T, 1>(verb, std::array{in}, axes, *names, op);
   if (!done) return std::nullopt;
   return std::pair{shared_array<T>(std::move(done->first[0])), members_divisor(in.shape.size(), done->second, count_members)};
+}
+
+/// The same in the wait of an asynchronous call among device threads, for an operand that
+/// the blocking call would fold in chunks: the members fold one output together
+/// (shared_fold), each claiming pieces until none is left, then waiting until every piece is
+/// folded, in rank order as everywhere. Nothing in every other case: the rule then folds
+/// every member on each device.
+template <class T, class Op>
+std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_in_wait(const strided_block<T>& in,
+                                                                           std::span<const named_axis> axes,
+                                                                           const std::optional<groups_t>& groups,
+                                                                           bool count_members, Op op) {
+  received_members* received = members_received();
+  const std::size_t total = element_count(in.shape);
+  if (!received || groups || total * sizeof(T) < chunked_reduction_bytes ||
+      !std::all_of(axes.begin(), axes.end(), [](const named_axis& a) { return a.place == placement::devices && a.varies; }))
+    return std::nullopt;
+  auto& entries = received->entries;
+  auto it = std::find_if(entries.begin(), entries.end(), [&](const received_members::entry& e) {
+    return !e.members.empty() && e.mine == in.data && e.shape == in.shape && e.shared;
+  });
+  if (it == entries.end()) return std::nullopt;
+  const std::vector<const void*> members = std::exchange(it->members, {});
+  const std::shared_ptr<shared_fold> fold = it->shared();
+  std::shared_ptr<xt::xarray<T>> out;
+  {
+    std::lock_guard lock(fold->making);
+    if (!fold->out) fold->out = shared_storage(uninitialized_array<T>(in.shape));
+    out = std::static_pointer_cast<xt::xarray<T>>(fold->out);
+  }
+  constexpr std::size_t piece = std::size_t{1} << 16;
+  const std::size_t pieces = (total + piece - 1) / piece;
+  auto member = [&](std::size_t m) { return static_cast<const T*>(members[m]); };
+  for (std::size_t p; (p = fold->claimed.fetch_add(1, std::memory_order_relaxed)) < pieces;) {
+    fold_range(members.size(), member, p * piece, std::min(piece, total - p * piece), out->data(), op);
+    fold->folded.fetch_add(1, std::memory_order_release);
+  }
+  while (fold->folded.load(std::memory_order_acquire) < pieces) std::this_thread::yield();  // pieces others fold now
+  return std::pair{shared_array<T>(std::move(out)), members_divisor(in.shape.size(), members.size(), count_members)};
 }
 
 /// all_gather without groups: each device copies its own member into its place in the one
