@@ -434,8 +434,13 @@ auto eval(const X& x) {
       []<class Y>(const Y& y) {
         using value = typename Y::value_type;
         using result = named<detail::shared_array<value>, typename Y::env_type, Y::varying>;
-        if constexpr (std::is_same_v<Y, result>) return y;  // already owns its data, which no one changes: share it
-        else return result(detail::share_array(detail::evaluate(y.payload())));
+        if constexpr (std::is_same_v<Y, result>) {
+          return y;  // already owns its data, which no one changes: share it
+        } else {
+          if constexpr (std::is_same_v<typename Y::payload_type, detail::shared_window<value>>)
+            if (const auto& whole = y.payload().storage().whole()) return result(detail::shared_array<value>(whole));
+          return result(detail::share_array(detail::evaluate(y.payload())));
+        }
       },
       x);
 }

@@ -20,7 +20,7 @@
 #include <namedax/detail/buffers.hpp>
 #include <namedax/detail/fault.hpp>
 
-#include <xtensor/xadapt.hpp>
+#include <xtensor/xbuffer_adaptor.hpp>
 #include <xtensor/xarray.hpp>
 #include <xsimd/xsimd.hpp>
 
@@ -544,37 +544,51 @@ auto block_of(const E& e) {
   return b;
 }
 
+/// The memory of a strided_window: the elements, with what keeps them alive; and, where the
+/// window is an array of its own seen whole (row-major), that array, which `eval` then shares
+/// instead of copying.
+template <class T>
+class window_storage : public xt::xbuffer_adaptor<T*, xt::no_ownership> {
+ public:
+  window_storage(T* data, std::size_t count, std::shared_ptr<const void> owner, std::shared_ptr<xt::xarray<T>> whole)
+      : xt::xbuffer_adaptor<T*, xt::no_ownership>(data, count), owner_(std::move(owner)), whole_(std::move(whole)) {}
+  [[nodiscard]] const std::shared_ptr<xt::xarray<T>>& whole() const noexcept { return whole_; }
+
+ private:
+  std::shared_ptr<const void> owner_;
+  std::shared_ptr<xt::xarray<T>> whole_;
+};
+
 /// A strided window on memory that another object owns, kept alive with it: the payload of a
 /// collective result that is a view of its operand (all_to_all under vmap moves no element)
-/// or of the rule's own array. Read-only, as every payload is.
+/// or the rule's own array. Read-only, as every payload is.
 template <class T>
-using strided_window = xt::xarray_adaptor<xt::xbuffer_adaptor<T*, xt::no_ownership>, xt::layout_type::dynamic, dims_t>;
+using strided_window = xt::xarray_adaptor<window_storage<T>, xt::layout_type::dynamic, dims_t>;
 template <class T>
 using shared_window = xt::xshared_expression<strided_window<T>>;
 
-/// The window on `b` that keeps `owner` alive. (xtensor sizes the buffer as the element
-/// count, whatever the strides: what it reads through them is never checked against it.)
+template <class T>
+shared_window<T> make_window(const strided_block<T>& b, std::shared_ptr<const void> owner,
+                             std::shared_ptr<xt::xarray<T>> whole) {
+  std::size_t count = 1;  // xtensor sizes the buffer as the element count, whatever the strides
+  for (std::size_t d : b.shape) count *= d;
+  return shared_window<T>(std::allocate_shared<strided_window<T>>(  // a recycled block: called again, nothing allocated
+      recycling_allocator<strided_window<T>>{}, window_storage<T>(const_cast<T*>(b.data), count, std::move(owner), std::move(whole)),
+      b.shape, b.strides));
+}
+
+/// The window on `b` that keeps `owner` alive.
 template <class T>
 shared_window<T> share_window(std::shared_ptr<const void> owner, const strided_block<T>& b) {
-  struct held {
-    std::shared_ptr<const void> owner;
-    strided_window<T> window;
-  };
-  std::size_t count = 1;
-  for (std::size_t d : b.shape) count *= d;
-  auto h = std::allocate_shared<held>(  // a recycled block: a collective called again allocates nothing
-      recycling_allocator<held>{},
-      held{std::move(owner), xt::adapt(const_cast<T*>(b.data), count, xt::no_ownership(), b.shape, b.strides)});
-  return shared_window<T>(std::shared_ptr<strided_window<T>>(h, &h->window));
+  return make_window<T>(b, std::move(owner), nullptr);
 }
 
 /// An array as a window on all of it, which it owns; the array goes back to the pool when
 /// the last copy goes.
 template <class T>
 shared_window<T> share_window(xt::xarray<T>&& a) {
-  std::shared_ptr<xt::xarray<T>> owner = shared_storage(std::move(a));
-  const strided_block<T> whole = block_of(*owner);
-  return share_window<T>(std::move(owner), whole);
+  std::shared_ptr<xt::xarray<T>> whole = shared_storage(std::move(a));
+  return make_window<T>(block_of(*whole), nullptr, whole);
 }
 
 /// to[p * to_row + q] = from[q * from_row + p] for p < ps, q < qs: W x W blocks loaded as W
