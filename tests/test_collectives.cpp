@@ -5,6 +5,7 @@
 
 #include <boost/hana/define_struct.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -665,6 +666,16 @@ TEST_SUITE("vectorized fast paths") {
     xt::xarray<float> out;
     namedax::vmap<"i">(split0).into(out)(x);
     CHECK_BITWISE(out, namedax::pmap<"i">(split0)(x));
+    // On device threads the result is the rule's own array, which eval shares, not copies.
+    std::atomic<int> shared{0};
+    auto held = [&](auto v) {
+      auto r = namedax::all_to_all(v, "i"_ax, 0, 1);
+      auto e = namedax::eval(r);
+      if (e.payload().data() == r.payload().data()) ++shared;
+      return e;
+    };
+    CHECK_BITWISE(namedax::pmap<"i">(held)(x), namedax::pmap<"i">(split0)(x));
+    CHECK(shared.load() == static_cast<int>(n));
   }
 }
 
