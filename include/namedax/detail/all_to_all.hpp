@@ -13,16 +13,17 @@ inline std::string_view split_options(int split_axis, int concat_axis, bool tile
   return option_text(" with split_axis ", split_axis, " and concat_axis ", concat_axis, tiled ? ", tiled" : "");
 }
 
-/// all_to_all under vmap over one axis, untiled and without groups, of an operand that varies
-/// along it: no element moves, only the dims change roles (index p of the result along the
-/// axis, member k along concat_axis, is member k's piece p along split_axis), so the result
-/// is a view of the operand. Checks the call as the rule does; nothing in every other case.
+/// Whether all_to_all moves no element: under vmap over one axis, untiled and without groups,
+/// of an operand that varies along it, only the dims change roles (index p of the result along
+/// the axis, member k along concat_axis, is member k's piece p along split_axis), so the result
+/// is a view of the operand (all_to_all_view).
 inline bool all_to_all_is_view(std::span<const named_axis> axes, bool grouped, bool tiled) {
   return axes.size() == 1 && !grouped && !tiled && axes[0].place == placement::vectorized && axes[0].varies;
 }
 
 /// The view, where all_to_all_is_view, the operand holds every member (a value typed as
-/// varying may still be one member broadcast) and its strides are not negative.
+/// varying may still be one member broadcast) and its strides are not negative; checks the
+/// call as the rule does. Nothing in every other case.
 template <class T>
 std::optional<strided_block<T>> all_to_all_view(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
                                                 std::span<const named_axis> axes, int split_axis, int concat_axis,

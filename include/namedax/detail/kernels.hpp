@@ -567,6 +567,7 @@ using strided_window = xt::xarray_adaptor<window_storage<T>, xt::layout_type::dy
 template <class T>
 using shared_window = xt::xshared_expression<strided_window<T>>;
 
+/// The window on `b`, keeping `owner` (or `whole`, the array it shows whole) alive.
 template <class T>
 shared_window<T> make_window(const strided_block<T>& b, std::shared_ptr<const void> owner,
                              std::shared_ptr<xt::xarray<T>> whole) {
