@@ -463,7 +463,63 @@ void inject(fault_point point, std::string_view operation) {
 
 }  // namespace
 
+namespace {
+
+// The two orders in which a receiver that drops its handle and the sender of its block may
+// meet, forced with the fault points as pauses: the sender posts only once the receiver has
+// given up (the slot is marked abandoned, and the sender passes it on), or the receiver gives
+// up only once the block was posted (it drops the block).
+enum class drop_order { before_the_block, after_the_block };
+std::atomic<bool> receiver_dropped{false}, sender_posted{false};
+thread_local drop_order sender_role_order = drop_order::before_the_block;
+thread_local bool sender_role = false;
+
+void pause_sender(fault_point point, std::string_view operation) {
+  if (!sender_role || !operation.starts_with("async::")) return;
+  if (point == fault_point::arrival && sender_role_order == drop_order::before_the_block)
+    while (!receiver_dropped.load()) std::this_thread::yield();
+  if (point == fault_point::exchanged && sender_role_order == drop_order::after_the_block) sender_posted = true;
+}
+
+}  // namespace
+
 TEST_SUITE("async") {
+  TEST_CASE("a receiver drops its handle before its block is posted, or after: the same error, nothing hangs") {
+    namedax::detail::fault_injection() = &pause_sender;
+    struct restore {
+      ~restore() { namedax::detail::fault_injection() = nullptr; }
+    } restore_hook;
+    xt::xarray<float> xs = xt::arange<float>(8).reshape({4, 2});
+    for (drop_order order : {drop_order::before_the_block, drop_order::after_the_block}) {
+      INFO("order ", static_cast<int>(order));
+      receiver_dropped = false, sender_posted = false;
+      // Device 1 sends to device 2 (the ring d -> d + 1), which drops its handle.
+      auto f = [order](auto x) {
+        const int d = device_index(4);
+        sender_role = d == 1, sender_role_order = order;
+        // Dropping the handle throws; the sender is told once the drop has happened.
+        struct tell_sender {
+          bool dropping;
+          ~tell_sender() {
+            if (dropping) receiver_dropped = true;
+          }
+        } tell{d == 2};
+        auto h = namedax::async::ppermute(x, "i"_ax, ring(4));
+        if (d != 2) return namedax::eval(h.wait());
+        if (order == drop_order::after_the_block)
+          while (!sender_posted.load()) std::this_thread::yield();
+        return namedax::eval(x);
+      };
+      const std::string e = namedax_test::error_of([&] { namedax::pmap<"i">(f)(xs); });
+      CHECK(contains(e, "namedax::async::ppermute over ('i',): a handle was dropped without wait() on device i=2"));
+      CHECK(receiver_dropped.load());
+      if (order == drop_order::after_the_block) CHECK(sender_posted.load());
+      // The mailbox is usable again: the next map over the same axis gives the blocking bits.
+      auto again = [](auto x) { return namedax::async::ppermute(x, "i"_ax, ring(4)).wait(); };
+      CHECK_BITWISE(namedax::pmap<"i">(again)(xs), namedax::vmap<"i">(again)(xs));
+    }
+  }
+
   TEST_CASE("a device that fails at any point of an async ppermute fails the map cleanly, in any step of a ring") {
     namedax::detail::fault_injection() = &inject;
     struct restore {
