@@ -14,23 +14,24 @@ inline std::string_view split_options(int split_axis, int concat_axis, bool tile
 }
 
 /// Whether all_to_all moves no element: under vmap over one axis, untiled and without groups,
-/// of an operand that varies along it, only the dims change roles (index p of the result along
-/// the axis, member k along concat_axis, is member k's piece p along split_axis), so the result
-/// is a view of the operand (all_to_all_view).
-inline bool all_to_all_is_view(std::span<const named_axis> axes, bool grouped, bool tiled) {
-  return axes.size() == 1 && !grouped && !tiled && axes[0].place == placement::vectorized && axes[0].varies;
+/// of an operand of payload shape `shape` that holds every member along it (a value typed as
+/// varying may still be one member broadcast), only the dims change roles (index p of the
+/// result along the axis, member k along concat_axis, is member k's piece p along split_axis),
+/// so the result is a view of the operand (all_to_all_view).
+inline bool all_to_all_is_view(std::span<const named_axis> axes, bool grouped, bool tiled, const dims_t& shape,
+                               std::size_t positional_rank) {
+  return axes.size() == 1 && !grouped && !tiled && axes[0].place == placement::vectorized && axes[0].varies &&
+         shape[positional_rank + axes[0].slot] == axes[0].size;
 }
 
-/// The view, where all_to_all_is_view, the operand holds every member (a value typed as
-/// varying may still be one member broadcast) and its strides are not negative; checks the
+/// The view, where all_to_all_is_view and the operand's strides are not negative; checks the
 /// call as the rule does. Nothing in every other case.
 template <class T>
 std::optional<strided_block<T>> all_to_all_view(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
                                                 std::span<const named_axis> axes, int split_axis, int concat_axis,
                                                 std::string_view split_name) {
   const std::size_t g = axes[0].size, slot = positional_rank + axes[0].slot;
-  if (in.shape[slot] != g || std::any_of(in.strides.begin(), in.strides.end(), [](std::ptrdiff_t s) { return s < 0; }))
-    return std::nullopt;
+  if (std::any_of(in.strides.begin(), in.strides.end(), [](std::ptrdiff_t s) { return s < 0; })) return std::nullopt;
   const std::size_t split = positional_axis(verb, split_name, split_axis, positional_rank, axes);
   const std::size_t concat = positional_axis(verb, "concat_axis", concat_axis, positional_rank, axes);
   chunk_length(verb, split_name, split_axis, in.shape[split], g, false, axes, false);

@@ -152,10 +152,6 @@ NAMEDAX_DECL std::string join_names(std::span<const std::string_view> names) {
 }
 #endif
 
-inline std::size_t element_count(std::span<const std::size_t> shape) {
-  return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>{});
-}
-
 /// The process grid of the innermost process map, which knows every process axis in scope.
 inline process_grid& innermost_process_grid() {
   const auto& stack = frames();
@@ -276,6 +272,14 @@ struct received_members {
     std::function<std::shared_ptr<shared_fold>()> shared;  // the call's shared_fold for this leaf
   };
   std::vector<entry> entries;
+
+  /// The entry of the operand at `mine` of `shape` whose members no frame has taken yet; null
+  /// when there is none.
+  entry* unread(const void* mine, const dims_t& shape) {
+    auto it = std::find_if(entries.begin(), entries.end(),
+                           [&](const entry& e) { return !e.members.empty() && e.mine == mine && e.shape == shape; });
+    return it == entries.end() ? nullptr : &*it;
+  }
 };
 /// The received members this thread's collective frames read, when a wait() runs; else null.
 inline received_members*& members_received() {
@@ -308,13 +312,10 @@ class collective_frame {
     const void* operand = in_.data;
     make_row_major(in_, contiguous_);
     if (received_members* received = members_received(); received && across_processes.empty()) {
-      auto& entries = received->entries;
-      auto it = std::find_if(entries.begin(), entries.end(), [&](const received_members::entry& e) {
-        return !e.members.empty() && e.mine == operand && e.shape == in_.shape;
-      });
-      if (it == entries.end())
+      received_members::entry* mine = received->unread(operand, in_.shape);
+      if (!mine)
         fail("namedax::", verb, ": internal error: the blocks an asynchronous collective started do not match its wait");
-      lent_ = std::exchange(it->members, {});
+      lent_ = std::exchange(mine->members, {});
       return;
     }
     collective_call call = call_of<T>(verb, axes_, options, groups, in_.shape);

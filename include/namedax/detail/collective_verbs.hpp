@@ -74,7 +74,9 @@ auto all_to_all_in_place(const X& x, type_list<Names...>, bool grouped, int spli
   std::optional<named<shared_window<T>, Env, varying>> out;
   require_bound<Verb, Env, Names...>();
   const auto axes = describe_named_axes<X, Names...>(Verb::name);
-  if (!all_to_all_is_view(axes, grouped, tiled)) return out;
+  const dims_t shape(x.payload().shape().begin(), x.payload().shape().end());
+  const std::size_t positional_rank = shape.size() - Env::vectorized_count;
+  if (!all_to_all_is_view(axes, grouped, tiled, shape, positional_rank)) return out;
   using P = std::remove_cvref_t<decltype(x.payload())>;
   std::shared_ptr<const void> owner;
   strided_block<T> in;
@@ -87,7 +89,6 @@ auto all_to_all_in_place(const X& x, type_list<Names...>, bool grouped, int spli
     in = block_of(*evaluated);
     owner = std::move(evaluated);
   }
-  const std::size_t positional_rank = in.shape.size() - Env::vectorized_count;
   if (auto view = all_to_all_view(Verb::name, std::move(in), positional_rank, std::span<const named_axis>(axes),
                                   split_axis, concat_axis, split_name))
     out = make_named<shared_window<T>, Env, varying>(share_window<T>(std::move(owner), *view));

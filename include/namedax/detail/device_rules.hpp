@@ -200,13 +200,10 @@ std::optional<std::pair<shared_array<T>, xt::xarray<float>>> reduce_in_wait(cons
   if (!received || groups || total * sizeof(T) < chunked_reduction_bytes ||
       !std::all_of(axes.begin(), axes.end(), [](const named_axis& a) { return a.place == placement::devices && a.varies; }))
     return std::nullopt;
-  auto& entries = received->entries;
-  auto it = std::find_if(entries.begin(), entries.end(), [&](const received_members::entry& e) {
-    return !e.members.empty() && e.mine == in.data && e.shape == in.shape && e.shared;
-  });
-  if (it == entries.end()) return std::nullopt;
-  const std::vector<const void*> members = std::exchange(it->members, {});
-  const std::shared_ptr<shared_fold> fold = it->shared();
+  received_members::entry* mine = received->unread(in.data, in.shape);
+  if (!mine || !mine->shared) return std::nullopt;
+  const std::vector<const void*> members = std::exchange(mine->members, {});
+  const std::shared_ptr<shared_fold> fold = mine->shared();
   std::shared_ptr<xt::xarray<T>> out;
   {
     std::lock_guard lock(fold->making);

@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -520,6 +522,10 @@ inline void element_offsets(std::span<const std::size_t> shape, std::span<const 
                 });
 }
 
+inline std::size_t element_count(std::span<const std::size_t> shape) {
+  return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>{});
+}
+
 /// A strided block of memory: what a container or a strided view of one exposes.
 template <class T>
 struct strided_block {
@@ -571,11 +577,11 @@ using shared_window = xt::xshared_expression<strided_window<T>>;
 template <class T>
 shared_window<T> make_window(const strided_block<T>& b, std::shared_ptr<const void> owner,
                              std::shared_ptr<xt::xarray<T>> whole) {
-  std::size_t count = 1;  // xtensor sizes the buffer as the element count, whatever the strides
-  for (std::size_t d : b.shape) count *= d;
+  // xtensor sizes the buffer as the element count, whatever the strides.
   return shared_window<T>(std::allocate_shared<strided_window<T>>(  // a recycled block: called again, nothing allocated
-      recycling_allocator<strided_window<T>>{}, window_storage<T>(const_cast<T*>(b.data), count, std::move(owner), std::move(whole)),
-      b.shape, b.strides));
+      recycling_allocator<strided_window<T>>{},
+      window_storage<T>(const_cast<T*>(b.data), element_count(b.shape), std::move(owner), std::move(whole)), b.shape,
+      b.strides));
 }
 
 /// The window on `b` that keeps `owner` alive.
