@@ -504,10 +504,14 @@ TEST_SUITE("async") {
             if (dropping) receiver_dropped = true;
           }
         } tell{d == 2};
-        auto h = namedax::async::ppermute(x, "i"_ax, ring(4));
-        if (d != 2) return namedax::eval(h.wait());
-        if (order == drop_order::after_the_block)
-          while (!sender_posted.load()) std::this_thread::yield();
+        {
+          // The handle goes out of scope before the value is returned: clang++ leaks a
+          // returned value when a local's destructor throws (llvm-project#12658).
+          auto h = namedax::async::ppermute(x, "i"_ax, ring(4));
+          if (d != 2) return namedax::eval(h.wait());
+          if (order == drop_order::after_the_block)
+            while (!sender_posted.load()) std::this_thread::yield();
+        }
         return namedax::eval(x);
       };
       const std::string e = namedax_test::error_of([&] { namedax::pmap<"i">(f)(xs); });

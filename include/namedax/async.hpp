@@ -24,6 +24,8 @@ namespace namedax::async {
 /// reported); its exchange is cancelled first, so peers never wait on it. Keep handles as
 /// local variables, in structs or in std::array: in a container whose destructor may not
 /// throw, a dropped pending handle ends the program, as a dropped joinable std::thread does.
+/// (clang++ never destroys a value returned from the scope of a handle that throws so,
+/// llvm-project#12658: close the handle's scope before the return.)
 template <class R>
 class handle {
  public:
