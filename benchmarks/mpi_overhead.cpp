@@ -4,9 +4,11 @@
 // MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Sendrecv around a ring), on the
 // same processes, float32, per-process sizes of 1 KiB to 16 MiB. Each time is the slowest
 // process's, best of several batches after a warm-up; namedax's calls run in a loop inside
-// the mapped function, each result evaluated, so the map's own set-up is not timed.
+// the mapped function, each result evaluated, so the map's own set-up is not timed. Then the
+// overlap of async::psum (MPI_Iallreduce) with a computation of the psum's length.
 //
 //   mpirun -np 4 mpi_overhead [--sizes 1024,65536,1048576,16777216] [--collectives psum,...]
+//                             [--overlap 1048576,16777216]
 //   NAMEDAX_MPI_AGREE=0 skips namedax's per-call agreement across processes.
 #include <namedax/mpi.hpp>
 
@@ -98,12 +100,60 @@ measured measure(const std::string& collective, std::size_t floats, std::size_t 
   return m;
 }
 
+/// Overlap: a psum of `floats` per process and a computation of about its length (passes of
+/// an elementwise evaluation over the same array), blocking (psum, then compute) against
+/// async::psum started before the computation and waited after it. The array operations
+/// give MPI its turns while the nonblocking MPI_Iallreduce is in flight.
+struct overlapped {
+  double psum, compute, blocking, started;
+};
+
+overlapped overlap(std::size_t floats, std::size_t bytes) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  xt::xarray<float> mine = xt::xarray<float>::from_shape({1, floats});
+  mine.fill(static_cast<float>(rank));
+  overlapped o{1e30, 1e30, 1e30, 1e30};
+  namedax::mpi::pmap<"i">([&](auto shard) {
+    const auto x = namedax::eval(shard);
+    int passes = 1;
+    auto compute = [&] {
+      auto y = namedax::eval(x * 0.5f + 1.0f);
+      for (int k = 1; k < passes; ++k) y = namedax::eval(y * 0.5f + 1.0f);
+      return y;
+    };
+    auto alone = [&] { namedax::eval(namedax::psum(x, "i"_ax)); };
+    auto blocking = [&] {
+      auto s = namedax::eval(namedax::psum(x, "i"_ax));
+      compute();
+    };
+    auto started = [&] {
+      auto h = namedax::async::psum(x, "i"_ax);
+      compute();
+      (void)h.wait();
+    };
+    // As many passes as take the psum's time, the same on every process.
+    const double one_pass = slowest_process_time(compute, bytes), sum = slowest_process_time(alone, bytes);
+    passes = std::max(1, static_cast<int>(sum / one_pass + 0.5));
+    MPI_Allreduce(MPI_IN_PLACE, &passes, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    for (int round = 0; round < 3; ++round) {
+      o.psum = std::min(o.psum, slowest_process_time(alone, bytes));
+      o.compute = std::min(o.compute, slowest_process_time(compute, bytes));
+      o.blocking = std::min(o.blocking, slowest_process_time(blocking, bytes));
+      o.started = std::min(o.started, slowest_process_time(started, bytes));
+    }
+    return x;
+  })(mine);
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   namedax::mpi::environment mpi(argc, argv);
   bench::options opts(argc, argv, {{"sizes", "1024,65536,1048576,16777216"},
-                                   {"collectives", "psum,all_gather,psum_scatter,all_to_all,ppermute"}});
+                                   {"collectives", "psum,all_gather,psum_scatter,all_to_all,ppermute"},
+                                   {"overlap", "1048576,16777216"}});
   const std::size_t n = static_cast<std::size_t>(mpi.size());
   const char* agree = std::getenv("NAMEDAX_MPI_AGREE");
   const bool agreeing = !(agree && std::string(agree) == "0");
@@ -124,4 +174,12 @@ int main(int argc, char** argv) {
     }
   if (mpi.rank() == 0 && any_large)
     std::printf("overhead < 5%% at >= 1 MiB: %s\n", met ? "met" : "missed");
+  for (std::size_t bytes : bench::parse_list(opts["overlap"])) {
+    const overlapped o = overlap(bench::floats_for(bytes), bytes);
+    if (mpi.rank() == 0)
+      std::printf("  overlap psum %8s: psum %9.2f us, compute %9.2f us; psum then compute %9.2f us, async::psum "
+                  "around the compute %9.2f us, blocking/async %.2f\n",
+                  bench::human_bytes(bytes).c_str(), o.psum * 1e6, o.compute * 1e6, o.blocking * 1e6, o.started * 1e6,
+                  o.blocking / o.started);
+  }
 }

@@ -96,8 +96,12 @@ handle<R> handle_of(namedax::detail::async_state<R> state) {
 /// int32. Among device threads, the start leaves each leaf's evaluated payload for every device
 /// along the axes and returns; wait() takes what the others left and computes this device's
 /// result from it with the blocking collective's own rule (namedax::detail::start_collective),
-/// so it is the blocking result bit for bit. Under vmap, among MPI processes, with positional
-/// axes and for deferred values, the blocking collective runs at start.
+/// so it is the blocking result bit for bit. Among MPI processes, a value whose process path
+/// is one MPI call (psum, pmean, pmax, pmin: MPI_Iallreduce; all_gather: MPI_Iallgather;
+/// psum_scatter: MPI_Ireduce_scatter_block; all_to_all and pswapaxes: MPI_Ialltoall) starts
+/// that call and returns; wait() finishes it and completes the result with the blocking
+/// collective's own code. Under vmap, with positional axes, for deferred values, for pytrees
+/// and for the other cases among processes, the blocking collective runs at start.
 template <class Verb, class Blocking, bool Sums>
 struct started {
   template <class X, class A, class... Args>

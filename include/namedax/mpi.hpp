@@ -9,6 +9,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -96,6 +97,11 @@ void nan_propagating(void* in, void* inout, int* length, MPI_Datatype*) {
 /// collective_error naming that process (defined after the grid, which names processes).
 inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view call);
 
+/// The requests of the nonblocking calls in flight, which progress_hook tests (defined after
+/// the mesh, which keeps them).
+inline void track_in_flight(MPI_Request* requests, int count);
+inline void untrack_in_flight(MPI_Request* requests);
+
 /// One communicator of the mesh. Each call is the nonblocking form of an MPI collective,
 /// waited for by wait_or_abandon, so that no process waits for one that failed.
 class channel final : public process_channel {
@@ -111,36 +117,47 @@ class channel final : public process_channel {
 
   [[nodiscard]] std::size_t size() const override { return size_; }
   [[nodiscard]] std::size_t rank() const override { return rank_; }
-  void allgather(const void* mine, void* all, std::size_t bytes) override {
-    const int n = count_of(bytes, "MPI_Allgather");
-    MPI_Request request;
-    check(MPI_Iallgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, comm_, &request), "MPI_Allgather");
-    finish(&request, 1, "MPI_Allgather");
-  }
+  void allgather(const void* mine, void* all, std::size_t bytes) override { start_allgather(mine, all, bytes)->wait(); }
   void allreduce(const void* in, void* out, std::size_t count, element_kind kind, fold_kind fold) override {
-    MPI_Request request;
-    check(MPI_Iallreduce(in, out, count_of(count, "MPI_Allreduce"), datatype_of(kind), op(kind, fold), comm_, &request),
-          "MPI_Allreduce");
-    finish(&request, 1, "MPI_Allreduce");
+    start_allreduce(in, out, count, kind, fold)->wait();
   }
   void reduce_scatter(const void* in, void* out, std::size_t count_each, element_kind kind, fold_kind fold) override {
-    MPI_Request request;
-    check(MPI_Ireduce_scatter_block(in, out, count_of(count_each, "MPI_Reduce_scatter_block"), datatype_of(kind),
-                                    op(kind, fold), comm_, &request),
-          "MPI_Reduce_scatter_block");
-    finish(&request, 1, "MPI_Reduce_scatter_block");
+    start_reduce_scatter(in, out, count_each, kind, fold)->wait();
   }
   void broadcast(void* data, std::size_t bytes, std::size_t root) override {
     const int n = count_of(bytes, "MPI_Bcast");
-    MPI_Request request;
-    check(MPI_Ibcast(data, n, MPI_BYTE, static_cast<int>(root), comm_, &request), "MPI_Bcast");
-    finish(&request, 1, "MPI_Bcast");
+    auto started = std::make_unique<pending>(*this, "MPI_Bcast", 1, true);
+    check(MPI_Ibcast(data, n, MPI_BYTE, static_cast<int>(root), comm_, &started->requests[0]), "MPI_Bcast");
+    started->wait();
   }
-  void alltoall(const void* in, void* out, std::size_t bytes_each) override {
+  void alltoall(const void* in, void* out, std::size_t bytes_each) override { start_alltoall(in, out, bytes_each)->wait(); }
+  std::unique_ptr<pending_call> start_allgather(const void* mine, void* all, std::size_t bytes) override {
+    const int n = count_of(bytes, "MPI_Allgather");
+    auto started = std::make_unique<pending>(*this, "MPI_Allgather", 1, true);
+    check(MPI_Iallgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, comm_, &started->requests[0]), "MPI_Allgather");
+    return started;
+  }
+  std::unique_ptr<pending_call> start_allreduce(const void* in, void* out, std::size_t count, element_kind kind,
+                                                fold_kind fold) override {
+    auto started = std::make_unique<pending>(*this, "MPI_Allreduce", 1, true);
+    check(MPI_Iallreduce(in, out, count_of(count, "MPI_Allreduce"), datatype_of(kind), op(kind, fold), comm_,
+                         &started->requests[0]),
+          "MPI_Allreduce");
+    return started;
+  }
+  std::unique_ptr<pending_call> start_reduce_scatter(const void* in, void* out, std::size_t count_each, element_kind kind,
+                                                     fold_kind fold) override {
+    auto started = std::make_unique<pending>(*this, "MPI_Reduce_scatter_block", 1, true);
+    check(MPI_Ireduce_scatter_block(in, out, count_of(count_each, "MPI_Reduce_scatter_block"), datatype_of(kind),
+                                    op(kind, fold), comm_, &started->requests[0]),
+          "MPI_Reduce_scatter_block");
+    return started;
+  }
+  std::unique_ptr<pending_call> start_alltoall(const void* in, void* out, std::size_t bytes_each) override {
     const int n = count_of(bytes_each, "MPI_Alltoall");
-    MPI_Request request;
-    check(MPI_Ialltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_, &request), "MPI_Alltoall");
-    finish(&request, 1, "MPI_Alltoall");
+    auto started = std::make_unique<pending>(*this, "MPI_Alltoall", 1, true);
+    check(MPI_Ialltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_, &started->requests[0]), "MPI_Alltoall");
+    return started;
   }
   void alltoallv(const void* in, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_at,
                  void* out, std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_at) override {
@@ -178,10 +195,10 @@ class channel final : public process_channel {
     finish(requests, 2, "MPI_Sendrecv");
   }
   /// MPI_Irecv and MPI_Isend now; wait() is the wait of sendrecv (wait_or_abandon).
-  std::unique_ptr<pending_sendrecv> start_sendrecv(const void* in, long to, void* out, long from,
-                                                   std::size_t bytes) override {
+  std::unique_ptr<pending_call> start_sendrecv(const void* in, long to, void* out, long from,
+                                               std::size_t bytes) override {
     const int n = count_of(bytes, "MPI_Sendrecv");
-    auto started = std::make_unique<pending>(*this);
+    auto started = std::make_unique<pending>(*this, "MPI_Sendrecv", 2, false);
     check(MPI_Irecv(out, n, MPI_BYTE, from < 0 ? MPI_PROC_NULL : static_cast<int>(from), 0, comm_, &started->requests[0]),
           "MPI_Sendrecv");
     check(MPI_Isend(in, n, MPI_BYTE, to < 0 ? MPI_PROC_NULL : static_cast<int>(to), 0, comm_, &started->requests[1]),
@@ -208,22 +225,31 @@ class channel final : public process_channel {
     return ops[(kind == element_kind::float64 ? 2 : 0) + (max ? 0 : 1)];
   }
 
-  /// A sendrecv in flight. Dropped before wait(), its requests are freed (MPI completes them
-  /// in the background) and its buffers are kept by its owner for the rest of the program.
-  class pending final : public pending_sendrecv {
+  /// A call in flight (`count` requests). Dropped before wait(), a sendrecv's requests are
+  /// freed (MPI completes them in the background); a collective's are left as they are, since
+  /// MPI forbids freeing them. Either way its owner keeps the buffers for the rest of the program.
+  class pending final : public pending_call {
    public:
-    explicit pending(channel& c) : channel_(c) {}
+    pending(channel& c, std::string_view call, int count, bool collective)
+        : channel_(c), call_(call), count_(count), collective_(collective) {
+      track_in_flight(requests, count_);
+    }
     pending(const pending&) = delete;
     pending& operator=(const pending&) = delete;
     ~pending() override {
+      untrack_in_flight(requests);
+      if (collective_) return;
       for (auto& r : requests)
         if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
     }
-    void wait() override { channel_.finish(requests, 2, "MPI_Sendrecv"); }
+    void wait() override { channel_.finish(requests, count_, call_); }
     MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 
    private:
     channel& channel_;
+    std::string_view call_;
+    int count_;
+    bool collective_;
   };
 
   void finish(MPI_Request* requests, int count, std::string_view call) {
@@ -248,6 +274,10 @@ struct mesh {
   MPI_Comm world = MPI_COMM_NULL;
   std::size_t size = 0, rank = 0;
   std::map<std::string, std::unique_ptr<channel>> channels;
+  // The nonblocking calls in flight (their requests and counts), and the one thread that
+  // calls MPI (the environment's), on which progress_hook may test them.
+  std::vector<std::pair<MPI_Request*, int>> in_flight;
+  std::thread::id mpi_thread = std::this_thread::get_id();
   bool failed = false;  // a failure every process knows of (by an agreement): none needs to be told again
 
   // Failure notices: a process that fails sends "<where>\x02<its message>" to every other one
@@ -335,6 +365,31 @@ struct mesh {
 inline std::unique_ptr<mesh>& current_mesh() {
   static std::unique_ptr<mesh> instance;
   return instance;
+}
+
+/// MPI's turn, from an array operation (drive_progress): tests the calls in flight, so that
+/// a nonblocking collective's next steps start; failures are left for its wait() to report.
+inline void progress_in_flight() {
+  mesh* m = current_mesh().get();
+  if (!m || std::this_thread::get_id() != m->mpi_thread) return;
+  for (auto [requests, count] : m->in_flight) {
+    int done = 0;
+    MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE);
+  }
+}
+
+inline void track_in_flight(MPI_Request* requests, int count) {
+  mesh* m = current_mesh().get();
+  if (!m) return;
+  m->in_flight.emplace_back(requests, count);
+  progress_hook().store(&progress_in_flight, std::memory_order_relaxed);
+}
+
+inline void untrack_in_flight(MPI_Request* requests) {
+  mesh* m = current_mesh().get();
+  if (!m) return;
+  std::erase_if(m->in_flight, [requests](const auto& call) { return call.first == requests; });
+  if (m->in_flight.empty()) progress_hook().store(nullptr, std::memory_order_relaxed);
 }
 
 /// The process axes of the enclosing process maps. The world rank is, row-major, the indices
@@ -526,7 +581,7 @@ inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view c
   MPI_Status status;
   std::string notice;
   // Spin first (a small call completes within microseconds), then yield the core to the
-  // other processes and threads on it.
+  // other processes and threads on it, then sleep.
   for (unsigned polls = 0;; ++polls) {
     check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), call);
     if (done) {
@@ -544,7 +599,10 @@ inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view c
       notice.erase(0, second + 1);
       if (at < m.agreements || (at == m.agreements && !completed)) break;
     }
-    if (polls > 256) std::this_thread::yield();
+    // A long wait sleeps between polls: its core goes to the processes and threads still
+    // computing (a peer's oversubscribed threads, whose work the call waits for).
+    if (polls > 4096) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    else if (polls > 256) std::this_thread::yield();
   }
   // This call stays pending (its communicator is dropped at the agreement that settles the failure).
   const auto cut = notice.find('\x02');

@@ -2,14 +2,16 @@
 // namedax::async::ppermute over MPI processes, run under mpirun: MPI_Isend and MPI_Irecv at
 // the start, MPI_Wait at wait(); the same bits as vmap of the blocking ppermute, rings with two
 // handles in flight, and a handle dropped on one process reported on every process. The other
-// asynchronous collectives, which run at the start over processes: the blocking bits in any
-// wait order, and a process that fails between start and wait.
+// asynchronous collectives: MPI's nonblocking collectives, the blocking bits in any wait order,
+// and a process that fails while one is in flight.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../test_support.hpp"
 
 #include <namedax/mpi.hpp>
 
 #include <atomic>
+#include <cstdlib>
+#include <new>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -28,6 +30,22 @@ std::atomic<int> async_exchanges{0};
 void count_exchanges(namedax::detail::fault_point point, std::string_view operation) {
   if (point == namedax::detail::fault_point::exchanged && operation == "async::ppermute") ++async_exchanges;
 }
+// Collectives whose start left their MPI call in flight (its last fault point, `reading`).
+std::atomic<int> calls_left_in_flight{0};
+void count_started_calls(namedax::detail::fault_point point, std::string_view) {
+  if (point == namedax::detail::fault_point::reading && namedax::detail::process_start_in_progress())
+    ++calls_left_in_flight;
+}
+// Process 1 fails at that point of an asynchronous psum.
+void fail_in_flight(namedax::detail::fault_point point, std::string_view operation) {
+  if (point == namedax::detail::fault_point::reading && operation == "psum" && world_rank == 1 &&
+      namedax::detail::process_start_in_progress())
+    throw std::runtime_error("injected with the psum in flight");
+}
+
+// Heap blocks of 1 MiB or more: an array of that size that does not come from namedax's pool.
+std::atomic<long> large_allocations{0};
+
 pairs_t ring(std::size_t n) {
   pairs_t pairs;
   for (std::size_t k = 0; k < n; ++k) pairs.emplace_back(static_cast<int>(k), static_cast<int>((k + 1) % n));
@@ -35,6 +53,14 @@ pairs_t ring(std::size_t n) {
 }
 
 }  // namespace
+
+void* operator new(std::size_t bytes) {
+  if (bytes >= (std::size_t{1} << 20)) ++large_allocations;
+  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 TEST_SUITE("async over MPI") {
   TEST_CASE("async::ppermute over processes gives vmap's blocking ppermute, bit for bit, full and partial pairs") {
@@ -120,12 +146,16 @@ TEST_SUITE("async over MPI") {
                   namedax::vmap<"i">([n](auto v) { return namedax::ppermute(v, "i"_ax, ring(n)); })(x));
   }
 
-  TEST_CASE("asynchronous collectives over processes give the blocking bits in any wait order, two in flight") {
+  TEST_CASE("asynchronous collectives over processes are MPI's nonblocking calls: the blocking bits in any wait order") {
     const std::size_t n = processes;
     std::mt19937 rng(21);
     const auto x = namedax_test::random_array<float>(rng, {n, 2 * n, 3});
     const bool reverse = world_rank % 2 == 1;  // odd processes wait in the other order
-    auto compare = [&](auto blocking, auto start) {
+    // `in_flight`: how many of the two starts leave an MPI call in flight (2, or 0 where the
+    // collective is computed at the start).
+    auto compare = [&](auto blocking, auto start, int in_flight = 2) {
+      namedax::detail::fault_injection() = &count_started_calls;
+      calls_left_in_flight = 0;
       const auto got = namedax::mpi::pmap<"i">([&](auto v) {
                       auto first = start(v);
                       auto second = start(namedax::eval(v * 2.0f));  // in flight with the first
@@ -136,10 +166,13 @@ TEST_SUITE("async over MPI") {
                       auto a = first.wait();
                       return namedax::eval(a - second.wait());
                     })(x);
+      namedax::detail::fault_injection() = nullptr;
+      CHECK(calls_left_in_flight == in_flight);
       CHECK_BITWISE(got, namedax::mpi::pmap<"i">([&](auto v) {
                       return namedax::eval(blocking(v) - blocking(namedax::eval(v * 2.0f)));
                     })(x));
     };
+    // MPI_Iallreduce, MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ialltoall:
     compare([](auto v) { return namedax::psum(v, "i"_ax); }, [](auto v) { return namedax::async::psum(v, "i"_ax); });
     compare([](auto v) { return namedax::pmean(v, "i"_ax); }, [](auto v) { return namedax::async::pmean(v, "i"_ax); });
     compare([](auto v) { return namedax::pmin(v, "i"_ax); }, [](auto v) { return namedax::async::pmin(v, "i"_ax); });
@@ -152,14 +185,11 @@ TEST_SUITE("async over MPI") {
             [](auto v) { return namedax::async::all_to_all(v, "i"_ax, 0, 0, {.tiled = true}); });
     compare([](auto v) { return namedax::pdot(v, v, "i"_ax, {{0}, {0}}); },
             [](auto v) { return namedax::async::pdot(v, v, "i"_ax, {{0}, {0}}); });
+    // Without a process path for their options (or at all), computed at the start:
     compare([](auto v) { return namedax::all_to_all(v, "i"_ax, 0, 1, {.tiled = true}); },
-            [](auto v) { return namedax::async::all_to_all(v, "i"_ax, 0, 1, {.tiled = true}); });
+            [](auto v) { return namedax::async::all_to_all(v, "i"_ax, 0, 1, {.tiled = true}); }, 0);
     compare([](auto v) { return namedax::pbroadcast(v, "i"_ax, 1); },
-            [](auto v) { return namedax::async::pbroadcast(v, "i"_ax, 1); });
-    compare([](auto v) { return namedax::pargmax(v, "i"_ax); }, [](auto v) { return namedax::async::pargmax(v, "i"_ax); });
-    const xt::xarray<int> rows{0, static_cast<int>(2 * n * n) - 1, static_cast<int>(n)};  // global rows of x
-    compare([rows](auto v) { return namedax::pgather(v, rows, namedax::axes("i"_ax, 0)); },
-            [rows](auto v) { return namedax::async::pgather(v, rows, namedax::axes("i"_ax, 0)); });
+            [](auto v) { return namedax::async::pbroadcast(v, "i"_ax, 1); }, 0);
     if (n == 4) {
       const namedax::reduce_options pairs{.axis_index_groups = {{0, 2}, {1, 3}}};
       compare([pairs](auto v) { return namedax::psum(v, "i"_ax, pairs); },
@@ -184,6 +214,15 @@ TEST_SUITE("async over MPI") {
       return namedax::eval(s.wait() + m.wait() + namedax::sum(g.wait(), 0) + a.wait());
     };
     CHECK_BITWISE(namedax::mpi::pmap<"i">(started)(x), namedax::mpi::pmap<"i">(blocking)(x));
+    // pargmax and pargmin meet the processes twice: the start leaves the first reduction in
+    // flight, the wait makes the second.
+    auto arg_blocking = [](auto v) { return namedax::eval(namedax::pargmax(v, "i"_ax) + namedax::pargmin(v, "i"_ax) * 8); };
+    auto arg_started = [](auto v) {
+      auto a = namedax::async::pargmax(v, "i"_ax);
+      auto b = namedax::async::pargmin(v, "i"_ax);
+      return namedax::eval(a.wait() + b.wait() * 8);
+    };
+    CHECK_BITWISE(namedax::mpi::pmap<"i">(arg_started)(x), namedax::mpi::pmap<"i">(arg_blocking)(x));
     // A handle dropped on one process is the same error as for async::ppermute.
     auto dropped = [](auto v) {
       auto h = namedax::async::psum_scatter(v, "i"_ax, {.tiled = true});
@@ -197,35 +236,28 @@ TEST_SUITE("async over MPI") {
     CHECK(e.find("namedax::async::psum_scatter over ('i',): a handle was dropped without wait()") != std::string::npos);
   }
 
-  TEST_CASE("async ragged_all_to_all and all_gather_v over processes, and over threads inside them") {
+  TEST_CASE("an asynchronous psum over processes called again takes its arrays from the pool: no fresh pages") {
+    // A program that starts a psum, computes, then waits, in a loop: after the first rounds
+    // every array (the psum's output, the computation's) is a recycled one, whose pages are
+    // touched. A fresh one would fault its pages in again in every round.
     const std::size_t n = processes;
-    std::mt19937 rng(22);
-    const auto x = namedax_test::random_array<float>(rng, {n, std::size_t{2}, 2 * n, 3});  // "i" processes, "j" threads
-    // Row e of every index to row e of index e (the last sender wins); every index's first 3 rows gathered.
-    const xt::xarray<int> at_i = xt::arange<int>(static_cast<int>(n)), one_i = xt::ones<int>({n});
-    const xt::xarray<int> at_j = xt::arange<int>(2), one_j = xt::ones<int>({std::size_t{2}});
-    const xt::xarray<int> count(3);
-    auto blocking = [&](auto v) {
-      return namedax::eval(namedax::ragged_all_to_all(v, v, at_i, one_i, at_i, one_i, "i"_ax) +
-                           namedax::ragged_all_to_all(v, v, at_j, one_j, at_j, one_j, "j"_ax) +
-                           namedax::sum(namedax::all_gather_v(v, count, "i"_ax), 0) +
-                           namedax::sum(namedax::all_gather_v(v, count, "j"_ax), 0));
-    };
-    auto started = [&](auto v) {  // over "i" at start, over "j" left among the threads; waited in reverse
-      auto a = namedax::async::ragged_all_to_all(v, v, at_i, one_i, at_i, one_i, "i"_ax);
-      auto b = namedax::async::ragged_all_to_all(v, v, at_j, one_j, at_j, one_j, "j"_ax);
-      auto c = namedax::async::all_gather_v(v, count, "i"_ax);
-      auto d = namedax::async::all_gather_v(v, count, "j"_ax);
-      auto dd = d.wait();
-      auto cc = c.wait();
-      auto bb = b.wait();
-      return namedax::eval(a.wait() + bb + namedax::sum(cc, 0) + namedax::sum(dd, 0));
-    };
-    CHECK_BITWISE(namedax::mpi::pmap<"i">(namedax::pmap<"j">(started))(x),
-                  namedax::mpi::pmap<"i">(namedax::pmap<"j">(blocking))(x));
+    const xt::xarray<float> x = xt::ones<float>({n, std::size_t{1} << 18});  // 1 MiB per process
+    long fresh_in_last_round = -1;
+    namedax::mpi::pmap<"i">([&](auto v) {
+      const auto mine = namedax::eval(v);
+      for (int round = 0; round < 4; ++round) {
+        large_allocations = 0;
+        auto h = namedax::async::psum(mine, "i"_ax);
+        auto y = namedax::eval(mine * 0.5f + 1.0f);  // computed meanwhile
+        CHECK(namedax::eval(h.wait() + y).payload()(0) == static_cast<float>(n) + 1.5f);
+        fresh_in_last_round = large_allocations;
+      }
+      return mine;
+    })(x);
+    CHECK(fresh_in_last_round == 0);
   }
 
-  TEST_CASE("a process that fails between the start and the wait of an asynchronous psum fails every process") {
+  TEST_CASE("a process that fails while its asynchronous psum is in flight fails every process, without a hang") {
     const std::size_t n = processes;
     const xt::xarray<float> x = xt::ones<float>({n, std::size_t{1} << 16});  // past MPI's eager sizes
     auto failing = [](auto v) {
@@ -242,6 +274,18 @@ TEST_SUITE("async over MPI") {
     INFO(e);
     if (world_rank == 1) CHECK(e.find("process 1 fails with its psum in flight (thrown on process i=1 (rank 1))") != std::string::npos);
     else CHECK(e.find("process i=1 (rank 1) threw: process 1 fails with its psum in flight") != std::string::npos);
+    // The same failure injected right after the nonblocking call is posted.
+    namedax::detail::fault_injection() = &fail_in_flight;
+    e = "no error";
+    try {
+      namedax::mpi::pmap<"i">([](auto v) { return namedax::async::psum(v, "i"_ax).wait(); })(x);
+    } catch (const std::exception& error) {
+      e = error.what();
+    }
+    namedax::detail::fault_injection() = nullptr;
+    INFO(e);
+    if (world_rank == 1) CHECK(e.find("injected with the psum in flight (thrown on process i=1 (rank 1))") != std::string::npos);
+    else CHECK(e.find("process i=1 (rank 1) threw: injected with the psum in flight") != std::string::npos);
     // The processes go on: the next collective meets every one of them.
     auto again = [](auto v) { return namedax::async::psum(v, "i"_ax).wait(); };
     CHECK_BITWISE(namedax::mpi::pmap<"i">(again)(x), namedax::mpi::pmap<"i">([](auto v) { return namedax::psum(v, "i"_ax); })(x));

@@ -509,7 +509,7 @@ void start_all_lanes(std::vector<async_receipt>& receipts, std::string_view verb
 class process_receipt {
  public:
   process_receipt() = default;
-  process_receipt(std::unique_ptr<process_channel::pending_sendrecv> pending, std::shared_ptr<void> sent,
+  process_receipt(std::unique_ptr<process_channel::pending_call> pending, std::shared_ptr<void> sent,
                   std::shared_ptr<void> received)
       : pending_(std::move(pending)), sent_(std::move(sent)), received_(std::move(received)) {}
   process_receipt(process_receipt&& other) noexcept { *this = std::move(other); }
@@ -524,9 +524,8 @@ class process_receipt {
 
   [[nodiscard]] bool active() const { return received_ != nullptr; }
 
-  /// Waits for the MPI requests and returns what arrived (zeros where nothing does).
-  template <class T>
-  shared_array<T> take() {
+  /// Waits for the MPI requests and returns the array they wrote into.
+  std::shared_ptr<void> finish() {
     if (pending_) {
       try {
         pending_->wait();
@@ -536,8 +535,13 @@ class process_receipt {
       }
     }
     pending_.reset(), sent_.reset();
-    auto received = std::static_pointer_cast<xt::xarray<T>>(std::exchange(received_, nullptr));
-    return share_array<T>(std::move(*received));
+    return std::exchange(received_, nullptr);
+  }
+
+  /// Waits for the MPI requests and returns what arrived (zeros where nothing does).
+  template <class T>
+  shared_array<T> take() {
+    return share_array<T>(std::move(*std::static_pointer_cast<xt::xarray<T>>(finish())));
   }
 
   void cancel() noexcept {
@@ -556,7 +560,7 @@ class process_receipt {
   }
 
  private:
-  std::unique_ptr<process_channel::pending_sendrecv> pending_;
+  std::unique_ptr<process_channel::pending_call> pending_;
   std::shared_ptr<void> sent_, received_;
 };
 
@@ -602,11 +606,15 @@ class async_state {
       : what_(what), process_(std::move(receipt)), receive_(receive) {
     note_caller();
   }
-  /// The receipts of a collective in which every member sends (start_all_lanes), and how to
-  /// make the result from them.
-  using finish_fn = std::function<R(std::vector<async_receipt>&)>;
+  /// The receipts of a collective in which every member sends (start_all_lanes), or of one
+  /// started among processes, and how to make the result from them.
+  using finish_fn = std::function<R(std::vector<async_receipt>&, process_receipt&)>;
   async_state(std::string (*what)(), std::vector<async_receipt> lanes, finish_fn finish)
       : what_(what), lanes_(std::move(lanes)), finish_(std::move(finish)) {
+    note_caller();
+  }
+  async_state(std::string (*what)(), process_receipt receipt, finish_fn finish)
+      : what_(what), process_(std::move(receipt)), finish_(std::move(finish)) {
     note_caller();
   }
   async_state(async_state&& other) noexcept { *this = std::move(other); }
@@ -634,7 +642,7 @@ class async_state {
       fail(what_ ? what_() : std::string("namedax::async"), ": wait() was called on a handle that holds no exchange",
            where(), " (it was waited already, or moved from); call wait() once on each started handle");
     if (value_) return std::exchange(value_, std::nullopt).value();
-    if (finish_) return finish_(lanes_);
+    if (finish_) return finish_(lanes_, process_);
     return receive_(receipts_, process_, shapes_);
   }
 
@@ -861,6 +869,55 @@ class members_taken {
   std::vector<std::shared_ptr<const void>> kept_;  // the members' blocks, while the rule reads them
 };
 
+/// Points `slot` at `now` for a scope: what a wait installs for the collective it runs.
+template <class T>
+class scoped_install {
+ public:
+  scoped_install(T*& slot, T* now) : slot_(slot), previous_(std::exchange(slot, now)) {}
+  scoped_install(const scoped_install&) = delete;
+  scoped_install& operator=(const scoped_install&) = delete;
+  ~scoped_install() { slot_ = previous_; }
+
+ private:
+  T*& slot_;
+  T* previous_;
+};
+
+/// Starts `run(held)` among MPI processes: the blocking collective runs up to its MPI call,
+/// which a process path starts (MPI_Iallreduce, MPI_Iallgather, MPI_Ireduce_scatter_block,
+/// MPI_Ialltoall) and leaves in flight; wait() finishes it and runs the collective again on
+/// what arrived, without a second agreement or MPI call (process_start). A run that reaches no
+/// such call (not a process axis, or a case without a process path) finished at the start,
+/// and its result is kept.
+template <class R, class Held, class Run>
+async_state<R> start_among_processes(std::string (*what)(), Held held, const Run& run) {
+  auto start = std::make_shared<process_start>();
+  start->operand = std::make_shared<Held>(held);  // shares the payload's array
+  const auto* data = held.payload().data();
+  start->operand_begin = data, start->operand_end = data + held.payload().size();
+  {
+    scoped_install scope(process_start_in_progress(), start.get());
+    try {
+      R value = run(held);
+      if (!start->called) return async_state<R>(what, std::move(value));
+    } catch (const started_among_processes&) {
+    } catch (...) {
+      // Failed after its MPI call started: MPI may still read and write the arrays, which the
+      // cancelled receipt keeps for the rest of the program.
+      if (start->pending) process_receipt(std::move(start->pending), std::move(start->sent), start->received).cancel();
+      throw;
+    }
+  }
+  process_receipt receipt(std::move(start->pending), std::move(start->sent), start->received);
+  auto finish = [held = std::move(held), run, start](std::vector<async_receipt>&, process_receipt& p) -> R {
+    start->received = p.finish();
+    start->now = process_start::phase::replaying;
+    scoped_install scope(process_start_in_progress(), start.get());
+    return run(held);
+  };
+  return async_state<R>(what, std::move(receipt), std::move(finish));
+}
+
 /// Starts the collective that `run(x)` computes (a blocking collective with its axes and
 /// options bound; `options` and `groups` as its frames write them into their signature).
 /// Among device threads, when every leaf is sent as it is (leaves_sent_as_they_are) and
@@ -905,7 +962,7 @@ auto start_collective(const X& x, const A& axes, std::string_view options, const
             start_all_lanes<typename L::value_type>(lanes, Verb::name, v.payload(),
                                                     describe_named_axes<L, Names...>(Verb::name), m.names, text, groups);
           });
-          auto finish = [held = std::move(held), run, met](std::vector<async_receipt>& receipts) -> R {
+          auto finish = [held = std::move(held), run, met](std::vector<async_receipt>& receipts, process_receipt&) -> R {
             members_taken taken(receipts);
             std::size_t leaf = 0;
             tree_for_each(held, [&]<class L>(const L& v) {
@@ -915,6 +972,17 @@ auto start_collective(const X& x, const A& axes, std::string_view options, const
           };
           return async_state<R>(what, std::move(lanes), std::move(finish));
         }
+      }
+    }
+    if constexpr (P == 0 && NamedValue<X>) {
+      using held_type = decltype(namedax::eval(x));
+      if constexpr (std::is_same_v<decltype(run(std::declval<const held_type&>())), R>) {
+        auto on_processes = [](std::string_view name) {
+          const frame* f = find_frame(name);
+          return f && f->processes;
+        };
+        if (!current_device() && (on_processes(Names::name) || ...))
+          return start_among_processes<R>(what, namedax::eval(x), run);
       }
     }
     return async_state<R>(what, run(x));

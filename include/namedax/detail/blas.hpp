@@ -203,6 +203,7 @@ void gemm_strip_call(const gemm_args<T>& g, const gemm_strip& s, T* c, std::size
 /// device thread (which must not start threads of its own) and under ThreadSanitizer.
 template <class F>
 void for_each_task(std::size_t count, bool on_device, const F& f) {
+  drive_progress();
 #if defined(NAMEDAX_THREAD_SANITIZER)
   on_device = true;
 #endif

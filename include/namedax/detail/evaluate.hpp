@@ -183,6 +183,7 @@ void evaluate_tiles(const E& e, std::span<const std::size_t> shape, T* out, std:
 /// memory by a copy, elementwise expressions by tiles, anything else through xtensor first.
 template <class T, class E>
 void evaluate_into(const E& e, std::span<const std::size_t> shape, T* out, std::span<const std::ptrdiff_t> out_strides) {
+  drive_progress();
   if constexpr (StridedMemory<E>) {
     copy_strided(broadcast_block(e, shape), out, out_strides);
   } else if constexpr (is_xfunction<E>) {

@@ -21,6 +21,7 @@
 
 #include <namedax/detail/buffers.hpp>
 #include <namedax/detail/fault.hpp>
+#include <namedax/detail/progress.hpp>
 
 #include <xtensor/xbuffer_adaptor.hpp>
 #include <xtensor/xarray.hpp>

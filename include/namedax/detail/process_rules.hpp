@@ -26,6 +26,7 @@ struct process_call {
   process_channel* channel = nullptr;
   strided_block<T> in;
   xt::xarray<T> contiguous;
+  std::string_view verb;
 };
 
 /// Whether every axis is placed on processes and the operand varies along it, on a
@@ -36,24 +37,98 @@ inline bool placed_on_processes(std::span<const named_axis> axes) {
   });
 }
 
+/// An asynchronous collective among processes, run by the blocking collective's own code
+/// twice: at its start (`starting`) the process path agrees with the other processes and
+/// starts its MPI call (MPI_Iallreduce, ...) into `received`, then stops the run
+/// (started_among_processes); at wait() (`replaying`), once the call is finished, the path runs
+/// again without agreeing or calling MPI and takes `received` as the call's output, so that the
+/// result is the blocking one's, bit for bit. One MPI call per start: a single leaf. A
+/// collective that meets the processes again after that call (pargmax's second reduction)
+/// makes its later calls in the wait (`finished`), as the blocking collective does.
+struct process_start {
+  enum class phase { starting, replaying, finished } now = phase::starting;
+  std::unique_ptr<process_channel::pending_call> pending;
+  std::shared_ptr<void> sent, received;  // what keeps the payload sent, and the output (an xt::xarray<T>)
+  bool called = false;                   // the run reached the MPI call
+  // The operand the start holds until its wait, and where its elements are: a payload sent
+  // from there needs no copy.
+  std::shared_ptr<void> operand;
+  const void *operand_begin = nullptr, *operand_end = nullptr;
+};
+/// What stops the start's run once its MPI call is started.
+struct started_among_processes {};
+
+/// The asynchronous start or wait this thread is in, if any.
+inline process_start*& process_start_in_progress() {
+  thread_local process_start* current = nullptr;
+  return current;
+}
+
 template <class T>
 std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_block<T> in,
                                               std::span<const named_axis> axes, const std::optional<groups_t>& groups,
                                               bool equal_groups, std::string_view options) {
   if (!placed_on_processes(axes)) return std::nullopt;
-  at_fault_point(fault_point::arrival, verb);
+  const process_start* async = process_start_in_progress();
+  const bool replaying = async && async->now == process_start::phase::replaying;  // agreed at the start
+  if (!replaying) at_fault_point(fault_point::arrival, verb);
   std::vector<std::string_view> names;
   for (const auto& ax : axes) names.push_back(ax.name);
   (void)make_groups(verb, axes, groups, member_count(axes), equal_groups);  // throws on bad groups
-  process_call<T> call{nullptr, std::move(in), {}};
+  process_call<T> call{nullptr, std::move(in), {}, verb};
   make_row_major(call.in, call.contiguous);
   process_grid& grid = innermost_process_grid();
-  const collective_call described = call_of<T>(verb, axes, options, groups, call.in.shape);
-  grid.agree(described.signature, described.what);
-  call.channel = &grid.channel(names, groups ? &*groups : nullptr);
+  if (!replaying) {
+    const collective_call described = call_of<T>(verb, axes, options, groups, call.in.shape);
+    grid.agree(described.signature, described.what);
+  }
+  call.channel = &grid.channel(names, groups ? &*groups : nullptr);  // made by the first call: no exchange
   // From here on the other processes may be in the MPI call: a failure reaches them by a notice.
-  at_fault_point(fault_point::exchanged, verb);
+  if (!replaying) at_fault_point(fault_point::exchanged, verb);
   return call;
+}
+
+/// The MPI call of a process path into `out`: `start(channel, in, out)` starts it, and it is
+/// waited for here; in an asynchronous start it is left in flight, with a copy of the payload
+/// and its own output array, and the run stops; in the wait that array becomes `out`.
+template <class T, class Start>
+void exchange_across_processes(process_call<T>& call, xt::xarray<T>& out, Start start) {
+  process_start* async = process_start_in_progress();
+  if (!async || async->now == process_start::phase::finished) {
+    call_keeping([&] {
+      if (auto pending = start(*call.channel, call.in.data, out.data())) pending->wait();
+    }, out, call.contiguous);
+    return;
+  }
+  if (async->now == process_start::phase::replaying) {
+    // The path made `out` again: back to the pool, for the program's next array of its size
+    // (dropped, its pages would go back to malloc, and the next array would fault them in).
+    recycle(std::exchange(out, std::move(*std::static_pointer_cast<xt::xarray<T>>(async->received))));
+    async->now = process_start::phase::finished;
+    return;
+  }
+  async->called = true;
+  // What MPI reads until the call is finished: the operand itself, when the payload lies in
+  // it; the row-major copy the path made; else a copy (a bool sum's int32 values).
+  const void* in = call.in.data;
+  if (call.contiguous.data() == call.in.data) {
+    async->sent = std::make_shared<xt::xarray<T>>(std::move(call.contiguous));  // the buffer moves along
+  } else if (std::less_equal<>{}(async->operand_begin, in) && std::less<>{}(in, async->operand_end)) {
+    async->sent = async->operand;
+  } else {
+    auto copy = std::make_shared<xt::xarray<T>>(uninitialized_array<T>(call.in.shape));
+    std::copy_n(call.in.data, copy->size(), copy->data());
+    in = copy->data(), async->sent = std::move(copy);
+  }
+  // The run stops here, so the call keeps `out`, whose pages are warm when it was reused (a
+  // fresh receive buffer made MPI fault its pages in: several times slower). Its holder is
+  // made first: once the call is started, nothing may fail before the call owns `out`.
+  auto received = std::make_shared<xt::xarray<T>>();
+  async->pending = start(*call.channel, static_cast<const T*>(in), out.data());
+  *received = std::move(out);
+  async->received = std::move(received);
+  at_fault_point(fault_point::reading, call.verb);  // MPI may read and write the arrays from now on
+  throw started_among_processes{};
 }
 
 /// Whether positional dim 0 of length `length` splits into one chunk per group member.
@@ -72,8 +147,9 @@ std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_across_process
   auto call = whole_payloads<T>(verb, in, axes, groups, false, options);
   if (!call) return std::nullopt;
   auto out = uninitialized_array<T>(call->in.shape);
-  call_keeping([&] { call->channel->allreduce(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold); },
-               out, call->contiguous);
+  exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
+    return c.start_allreduce(in, o, out.size(), element_kind_of<T>(), fold);
+  });
   xt::xarray<float> divisor = xt::xarray<float>::from_shape(std::vector<std::size_t>(in.shape.size(), 1));
   divisor.fill(static_cast<float>(call->channel->size()));
   return std::pair{std::move(out), std::move(divisor)};
@@ -92,8 +168,9 @@ std::optional<xt::xarray<T>> all_gather_across_processes(std::string_view verb, 
   if (tiled) shape[0] *= g;
   else insert_dim(shape, 0, g);
   auto out = uninitialized_array<T>(shape);
-  call_keeping([&] { call->channel->allgather(call->in.data, out.data(), element_count(call->in.shape) * sizeof(T)); },
-               out, call->contiguous);
+  exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
+    return c.start_allgather(in, o, element_count(call->in.shape) * sizeof(T));
+  });
   return out;
 }
 
@@ -114,9 +191,9 @@ std::optional<xt::xarray<T>> psum_scatter_across_processes(std::string_view verb
   if (tiled) shape[0] /= g;
   else shape.erase(shape.begin());
   auto out = uninitialized_array<T>(shape);
-  call_keeping(
-      [&] { call->channel->reduce_scatter(call->in.data, out.data(), out.size(), element_kind_of<T>(), fold_kind::sum); },
-      out, call->contiguous);
+  exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
+    return c.start_reduce_scatter(in, o, out.size(), element_kind_of<T>(), fold_kind::sum);
+  });
   return out;
 }
 
@@ -132,8 +209,9 @@ std::optional<xt::xarray<T>> all_to_all_across_processes(std::string_view verb, 
                                 split_options(split_axis, concat_axis, tiled));
   if (!call) return std::nullopt;
   auto out = uninitialized_array<T>(call->in.shape);  // chunk k of every member lands at k: same shape
-  call_keeping([&] { call->channel->alltoall(call->in.data, out.data(), out.size() / call->channel->size() * sizeof(T)); },
-               out, call->contiguous);
+  exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
+    return c.start_alltoall(in, o, out.size() / c.size() * sizeof(T));
+  });
   return out;
 }
 

@@ -64,18 +64,38 @@ struct process_channel {
   virtual void broadcast(void* data, std::size_t bytes, std::size_t root) = 0;
   /// Sends `bytes` to rank `to` and receives them from rank `from` (-1: none).
   virtual void sendrecv(const void* in, long to, void* out, long from, std::size_t bytes) = 0;
-  /// A sendrecv started and not yet finished (MPI_Isend and MPI_Irecv): wait() finishes it.
-  /// Destroyed before wait(), it lets go of its requests, and `in` and `out` must then stay
-  /// for the rest of the program, since the transport may still read and write them.
-  struct pending_sendrecv {
-    virtual ~pending_sendrecv() = default;
+  /// A call started and not yet finished (MPI_Isend and MPI_Irecv, MPI_Iallreduce, ...):
+  /// wait() finishes it. Destroyed before wait(), it lets go of its requests, and the arrays
+  /// it reads and writes must then stay for the rest of the program, since the transport may
+  /// still read and write them.
+  struct pending_call {
+    virtual ~pending_call() = default;
     virtual void wait() = 0;
   };
   /// Starts a sendrecv and returns without waiting for it; `in` and `out` must stay until it
   /// is finished. A transport without such calls finishes it here (and returns nothing).
-  virtual std::unique_ptr<pending_sendrecv> start_sendrecv(const void* in, long to, void* out, long from,
-                                                           std::size_t bytes) {
+  virtual std::unique_ptr<pending_call> start_sendrecv(const void* in, long to, void* out, long from, std::size_t bytes) {
     sendrecv(in, to, out, from, bytes);
+    return nullptr;
+  }
+  /// allreduce, allgather, reduce_scatter and alltoall started, as start_sendrecv starts a
+  /// sendrecv: the asynchronous collectives among processes.
+  virtual std::unique_ptr<pending_call> start_allreduce(const void* in, void* out, std::size_t count, element_kind kind,
+                                                        fold_kind fold) {
+    allreduce(in, out, count, kind, fold);
+    return nullptr;
+  }
+  virtual std::unique_ptr<pending_call> start_allgather(const void* mine, void* all, std::size_t bytes) {
+    allgather(mine, all, bytes);
+    return nullptr;
+  }
+  virtual std::unique_ptr<pending_call> start_reduce_scatter(const void* in, void* out, std::size_t count_each,
+                                                             element_kind kind, fold_kind fold) {
+    reduce_scatter(in, out, count_each, kind, fold);
+    return nullptr;
+  }
+  virtual std::unique_ptr<pending_call> start_alltoall(const void* in, void* out, std::size_t bytes_each) {
+    alltoall(in, out, bytes_each);
     return nullptr;
   }
 };
