@@ -999,7 +999,8 @@ async_state<R> start_arrays(type_list<Names...>, std::span<const named_axis> axe
   std::vector<async_receipt> lanes;
   (start_all_lanes<T>(lanes, Verb::name, arrays, axes, names, "", groups), ...);
   const std::size_t members = lanes.size() / sizeof...(T);
-  auto finish = [rule = std::move(rule), members, arrays...](std::vector<async_receipt>& receipts) mutable -> R {
+  auto finish = [rule = std::move(rule), members, arrays...](std::vector<async_receipt>& receipts,
+                                                              process_receipt&) mutable -> R {
     members_taken taken(receipts);
     (taken.next(arrays, members), ...);
     return taken.run<Verb, Names...>([&] { return rule(arrays...); });
