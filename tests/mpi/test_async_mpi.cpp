@@ -54,13 +54,20 @@ pairs_t ring(std::size_t n) {
 
 }  // namespace
 
-void* operator new(std::size_t bytes) {
+namespace {
+// Out of line, so that g++ does not pair the replaced operator new with free() after inlining
+// (-Wmismatched-new-delete).
+[[gnu::noinline]] void* allocate_counted(std::size_t bytes) {
   if (bytes >= (std::size_t{1} << 20)) ++large_allocations;
   if (void* p = std::malloc(bytes ? bytes : 1)) return p;
   throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+[[gnu::noinline]] void free_counted(void* p) noexcept { std::free(p); }
+}  // namespace
+
+void* operator new(std::size_t bytes) { return allocate_counted(bytes); }
+void operator delete(void* p) noexcept { free_counted(p); }
+void operator delete(void* p, std::size_t) noexcept { free_counted(p); }
 
 TEST_SUITE("async over MPI") {
   TEST_CASE("async::ppermute over processes gives vmap's blocking ppermute, bit for bit, full and partial pairs") {
