@@ -974,9 +974,11 @@ auto start_collective(const X& x, const A& axes, std::string_view options, const
         }
       }
     }
-    if constexpr (P == 0 && NamedValue<X>) {
+    // NamedValue<X> first: it does not depend on this lambda's parameters, so clang++ drops
+    // the branch for a pytree (a condition that depends on P would keep eval(x) in it).
+    if constexpr (NamedValue<X>) {
       using held_type = decltype(namedax::eval(x));
-      if constexpr (std::is_same_v<decltype(run(std::declval<const held_type&>())), R>) {
+      if constexpr (P == 0 && std::is_same_v<decltype(run(std::declval<const held_type&>())), R>) {
         auto on_processes = [](std::string_view name) {
           const frame* f = find_frame(name);
           return f && f->processes;
