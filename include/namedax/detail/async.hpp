@@ -826,6 +826,20 @@ constexpr void require_not_traced() {
                             "function use the blocking collective, whose rule is its transpose");
 }
 
+/// Points `slot` at `now` for a scope: what a wait installs for the collective it runs.
+template <class T>
+class scoped_install {
+ public:
+  scoped_install(T*& slot, T* now) : slot_(slot), previous_(std::exchange(slot, now)) {}
+  scoped_install(const scoped_install&) = delete;
+  scoped_install& operator=(const scoped_install&) = delete;
+  ~scoped_install() { slot_ = previous_; }
+
+ private:
+  T*& slot_;
+  T* previous_;
+};
+
 /// The members' blocks a wait takes from its receipts (in the order the start left them), as
 /// the collective frames that the wait's rule opens read them (received_members).
 class members_taken {
@@ -851,10 +865,7 @@ class members_taken {
   /// `rule()`, its frames reading the blocks taken; each block must have been read.
   template <class Verb, class... Names, class Rule>
   auto run(Rule rule) {
-    struct installed {
-      received_members* previous;
-      ~installed() { members_received() = previous; }
-    } scope{std::exchange(members_received(), &received_)};
+    scoped_install scope(members_received(), &received_);
     auto out = rule();
     if (!std::all_of(received_.entries.begin(), received_.entries.end(),
                      [](const received_members::entry& e) { return e.members.empty(); }))
@@ -867,20 +878,6 @@ class members_taken {
   std::size_t lane_ = 0;
   received_members received_;
   std::vector<std::shared_ptr<const void>> kept_;  // the members' blocks, while the rule reads them
-};
-
-/// Points `slot` at `now` for a scope: what a wait installs for the collective it runs.
-template <class T>
-class scoped_install {
- public:
-  scoped_install(T*& slot, T* now) : slot_(slot), previous_(std::exchange(slot, now)) {}
-  scoped_install(const scoped_install&) = delete;
-  scoped_install& operator=(const scoped_install&) = delete;
-  ~scoped_install() { slot_ = previous_; }
-
- private:
-  T*& slot_;
-  T* previous_;
 };
 
 /// Starts `run(held)` among MPI processes: the blocking collective runs up to its MPI call,
