@@ -89,8 +89,9 @@ std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_blo
 }
 
 /// The MPI call of a process path into `out`: `start(channel, in, out)` starts it, and it is
-/// waited for here; in an asynchronous start it is left in flight, with a copy of the payload
-/// and its own output array, and the run stops; in the wait that array becomes `out`.
+/// waited for here; in an asynchronous start it is left in flight, holding what it sends (the
+/// operand, or the path's row-major copy) and its own output array, and the run stops; in the
+/// wait that array becomes `out`.
 template <class T, class Start>
 void exchange_across_processes(process_call<T>& call, xt::xarray<T>& out, Start start) {
   process_start* async = process_start_in_progress();
