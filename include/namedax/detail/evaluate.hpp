@@ -65,7 +65,10 @@ struct tile_extent {
 };
 template <class T>
 struct tile_buffer {
-  T values[tile_size];  // left uninitialized: every tile writes it first
+  // Left uninitialized, even in a std::tuple (which value-initializes, zeroing an aggregate):
+  // every tile writes it first.
+  tile_buffer() noexcept {}
+  T values[tile_size];
 };
 
 /// Lists the operands of `e` (depth first, left to right, the order `tile_values` reads
