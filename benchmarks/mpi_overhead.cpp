@@ -5,10 +5,15 @@
 // same processes, float32, per-process sizes of 1 KiB to 16 MiB. Each time is the slowest
 // process's, best of several batches after a warm-up; namedax's calls run in a loop inside
 // the mapped function, each result evaluated, so the map's own set-up is not timed. Then the
-// overlap of async::psum (MPI_Iallreduce) with a computation of the psum's length.
+// overlap of async::psum (MPI_Iallreduce) with a computation of the psum's length. Last, a
+// collective matmul all_gather(x) @ w over the processes (each holds b rows of x, b x k, and
+// the same k x c shape of w): all_gather then matmul, a ring of blocking ppermutes, the same
+// ring with async::ppermute (MPI_Isend and MPI_Irecv in flight while a block is multiplied),
+// and namedax::all_gather_matmul.
 //
 //   mpirun -np 4 mpi_overhead [--sizes 1024,65536,1048576,16777216] [--collectives psum,...]
-//                             [--overlap 1048576,16777216]
+//                             [--overlap 1048576,16777216] [--ring-rows 128,512]
+//                             [--ring-inner 512] [--ring-cols 64,256]
 //   NAMEDAX_MPI_AGREE=0 skips namedax's per-call agreement across processes.
 #include <namedax/mpi.hpp>
 
@@ -147,13 +152,69 @@ overlapped overlap(std::size_t floats, std::size_t bytes) {
   return o;
 }
 
+/// The ring matmul's times, each the slowest process's, best of three alternating rounds.
+struct ring_times {
+  double gathered, blocking, started, library;
+};
+
+ring_times ring_matmul(std::size_t b, std::size_t k, std::size_t c) {
+  int rank = 0, np = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &np);
+  xt::xarray<float> x = xt::xarray<float>::from_shape({1, b, k}), w = xt::xarray<float>::from_shape({1, k, c});
+  for (std::size_t e = 0; e < x.size(); ++e) x.data()[e] = static_cast<float>((e * 7 + static_cast<std::size_t>(rank)) % 11) * 0.1f;
+  for (std::size_t e = 0; e < w.size(); ++e) w.data()[e] = static_cast<float>((e * 5) % 13) * 0.1f;
+  std::vector<std::pair<int, int>> pairs;
+  for (int d = 0; d < np; ++d) pairs.emplace_back(d, (d + 1) % np);
+  ring_times t{1e30, 1e30, 1e30, 1e30};
+  const std::size_t bytes = b * k * sizeof(float);
+  namedax::mpi::pmap<"i">([&](auto x_shard, auto w_shard) {
+    const auto x = namedax::eval(x_shard);
+    const auto w = namedax::eval(w_shard);
+    auto product = [&](const auto& block) { return namedax::eval(namedax::xeinsum<"ij,jk->ik">(block, w)); };
+    auto gathered = [&] { (void)product(namedax::all_gather(x, "i"_ax, {.tiled = true})); };
+    // Step s multiplies the block of process (rank - s) mod np; the blocking ring passes it on
+    // after the product, the started one before, so that it travels during the product.
+    auto blocking = [&] {
+      auto block = x;
+      for (int s = 0; s < np; ++s) {
+        (void)product(block);
+        if (s + 1 < np) block = namedax::eval(namedax::ppermute(block, "i"_ax, pairs));
+      }
+    };
+    auto started = [&] {
+      auto block = x;
+      auto next = namedax::async::ppermute(block, "i"_ax, pairs);
+      for (int s = 0; s < np; ++s) {
+        (void)product(block);
+        if (s + 1 < np) {
+          block = next.wait();
+          if (s + 2 < np) next = namedax::async::ppermute(block, "i"_ax, pairs);
+        }
+      }
+    };
+    auto library = [&] { (void)namedax::eval(namedax::all_gather_matmul(x, w, "i"_ax)); };
+    for (int round = 0; round < 3; ++round) {
+      t.gathered = std::min(t.gathered, slowest_process_time(gathered, bytes));
+      t.blocking = std::min(t.blocking, slowest_process_time(blocking, bytes));
+      t.started = std::min(t.started, slowest_process_time(started, bytes));
+      t.library = std::min(t.library, slowest_process_time(library, bytes));
+    }
+    return x;
+  })(x, w);
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   namedax::mpi::environment mpi(argc, argv);
   bench::options opts(argc, argv, {{"sizes", "1024,65536,1048576,16777216"},
                                    {"collectives", "psum,all_gather,psum_scatter,all_to_all,ppermute"},
-                                   {"overlap", "1048576,16777216"}});
+                                   {"overlap", "1048576,16777216"},
+                                   {"ring-rows", "128,512"},
+                                   {"ring-inner", "512"},
+                                   {"ring-cols", "64,256"}});
   const std::size_t n = static_cast<std::size_t>(mpi.size());
   const char* agree = std::getenv("NAMEDAX_MPI_AGREE");
   const bool agreeing = !(agree && std::string(agree) == "0");
@@ -182,4 +243,14 @@ int main(int argc, char** argv) {
                   bench::human_bytes(bytes).c_str(), o.psum * 1e6, o.compute * 1e6, o.blocking * 1e6, o.started * 1e6,
                   o.blocking / o.started);
   }
+  if (mpi.size() < 2) return 0;  // a ring needs two processes
+  const std::size_t k = std::stoull(opts["ring-inner"]);
+  for (std::size_t b : bench::parse_list(opts["ring-rows"]))
+    for (std::size_t c : bench::parse_list(opts["ring-cols"])) {
+      const ring_times t = ring_matmul(b, k, c);
+      if (mpi.rank() == 0)
+        std::printf("  ring matmul b=%-4zu k=%zu c=%-4zu all_gather+matmul %9.2f us, blocking ring %9.2f us, async ring "
+                    "%9.2f us, all_gather_matmul %9.2f us; blocking/async %.2f\n",
+                    b, k, c, t.gathered * 1e6, t.blocking * 1e6, t.started * 1e6, t.library * 1e6, t.blocking / t.started);
+    }
 }
