@@ -4,7 +4,8 @@
 # namedax, of one that uses psum alone and of one that uses every collective, each under vmap
 # and pmap; then of the last one with namedax.hpp precompiled (the cost of the precompiled
 # header itself is a row of its own); then of the one-collective and all-collectives units with
-# NAMEDAX_SEPARATE_COMPILATION (the one-off cost of the separately compiled source,
+# NAMEDAX_SEPARATE_COMPILATION, the one-collective unit also with the two headers it needs in
+# place of the umbrella header (the one-off cost of the separately compiled source,
 # src/separate_compilation.cpp, is a row of its own). Prints each one's ratio to the
 # xtensor-only one and writes them to a CSV file.
 #
@@ -62,6 +63,10 @@ int main() {
 }
 CPP
 
+# The same with the two headers psum under vmap and pmap needs, instead of the umbrella header.
+sed 's|#include <namedax/namedax.hpp>|#include <namedax/collectives.hpp>\n#include <namedax/map.hpp>|' \
+  "$work/one_collective.cpp" >"$work/one_collective_two_headers.cpp"
+
 units=(xtensor_only:"$work/xtensor_only.cpp"
        namedax_include_only:"$work/namedax_include_only.cpp"
        one_collective:"$work/one_collective.cpp"
@@ -72,6 +77,7 @@ units=(xtensor_only:"$work/xtensor_only.cpp"
 # Separate compilation: units that declare what one source defines once.
 separate_units=(separate_compilation_source:"SEPARATE:$root/src/separate_compilation.cpp"
                 one_collective_separate:"SEPARATE:$work/one_collective.cpp"
+                one_collective_two_headers_separate:"SEPARATE:$work/one_collective_two_headers.cpp"
                 all_collectives_separate:"SEPARATE:$root/benchmarks/all_collectives.cpp")
 
 # Precompiled headers as g++ finds them (a .gch beside the header); other compilers skip them.

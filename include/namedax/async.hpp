@@ -167,7 +167,7 @@ struct all_gather_fn : detail::started<all_gather_fn, namedax::all_gather_fn, fa
   }
   template <class X, AxisArgument A>
   [[nodiscard]] auto operator()(const X& x, const A& axes,
-                                const namedax::detail::all_gather_options_without_groups& options) const {
+                                const namedax::without_groups::all_gather_options& options) const {
     return start(x, axes, namedax::detail::gather_options(options.axis, options.tiled), std::nullopt, options);
   }
   template <class X, AxisArgument A, class Options = all_gather_options>

@@ -24,6 +24,17 @@ struct all_gather_options {
   bool tiled = false;                               ///< concatenate along `axis` instead of stacking
 };
 
+namespace without_groups {
+/// What all_gather's options bind to when written without groups (`{.axis = 1, .tiled = true}`,
+/// `{}`): the result is then known at compile time to be the same along the gathered axes.
+/// Written as braces, never by name; compilers name it where the braces are wrong (fields
+/// out of their declared order: `.axis`, then `.tiled`).
+struct all_gather_options {
+  int axis = 0;        ///< where the gathered axis goes (tiled: which axis grows)
+  bool tiled = false;  ///< concatenate along `axis` instead of stacking
+};
+}  // namespace without_groups
+
 /// Options of all_gather_invariant: all_gather's without groups, as JAX's all_gather_invariant
 /// takes none (each group would gather its own value, which is not the same on every index).
 struct all_gather_invariant_options {

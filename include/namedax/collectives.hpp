@@ -56,7 +56,7 @@ struct all_gather_fn {
   /// Options written without groups (`{.axis = 1}`, `{}`): the result is the same along the
   /// axes, as without options (chosen over the overload below whenever both fit).
   template <class X, AxisArgument A>
-  auto operator()(const X& x, const A& axes, const detail::all_gather_options_without_groups& options) const {
+  auto operator()(const X& x, const A& axes, const without_groups::all_gather_options& options) const {
     return gather<true>(x, axes, all_gather_options{.axis = options.axis, .tiled = options.tiled});
   }
   /// Options that name groups, or an all_gather_options object: the result's type varies
@@ -67,7 +67,7 @@ struct all_gather_fn {
     return gather<false>(x, axes, options);
   }
   template <class X, AxisArgument A, class Options = detail::foreign_option_fields>
-    requires detail::ForeignOptions<Options, all_gather_options, detail::all_gather_options_without_groups>
+    requires detail::ForeignOptions<Options, all_gather_options, without_groups::all_gather_options>
   X operator()(const X& x, const A&, const Options&) const {
     static_assert(detail::always_false<Options>,
                   "namedax: all_gather takes namedax::all_gather_options ({.axis_index_groups, .axis, .tiled})");

@@ -196,7 +196,7 @@ all_gather_map<A, false> all_gather(A axes) {
   return {{}, axes, {}};
 }
 template <AxisArgument A>
-all_gather_map<A, false> all_gather(A axes, const detail::all_gather_options_without_groups& options) {
+all_gather_map<A, false> all_gather(A axes, const without_groups::all_gather_options& options) {
   return {{}, axes, {.axis = options.axis, .tiled = options.tiled}};
 }
 template <AxisArgument A, class Options = all_gather_options>

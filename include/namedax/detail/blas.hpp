@@ -4,11 +4,14 @@
 #pragma once
 // IWYU pragma: private
 
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/kernels.hpp>
 #include <namedax/detail/thread_sanitizer.hpp>
 
 #include <cblas.h>
+#if NAMEDAX_DEFINITIONS  // with separate compilation, only the unit that defines for_each_task parses oneTBB
 #include <tbb/parallel_for.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -201,8 +204,10 @@ void gemm_strip_call(const gemm_args<T>& g, const gemm_strip& s, T* c, std::size
 
 /// f(0), ..., f(count - 1): in parallel on the calling thread's tbb arena, or in turn on a
 /// device thread (which must not start threads of its own) and under ThreadSanitizer.
-template <class F>
-void for_each_task(std::size_t count, bool on_device, const F& f) {
+NAMEDAX_DECL void for_each_task(std::size_t count, bool on_device, index_body f);
+
+#if NAMEDAX_DEFINITIONS
+NAMEDAX_DECL void for_each_task(std::size_t count, bool on_device, index_body f) {
   drive_progress();
 #if defined(NAMEDAX_THREAD_SANITIZER)
   on_device = true;
@@ -213,6 +218,7 @@ void for_each_task(std::size_t count, bool on_device, const F& f) {
     tbb::parallel_for(std::size_t{0}, count, f);
   }
 }
+#endif
 
 /// An operand of one gemm: where it is read from, packing it first when its layout needs it.
 template <GemmScalar T, std::ptrdiff_t gemm_dim::*Stride>

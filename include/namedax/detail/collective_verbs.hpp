@@ -20,13 +20,6 @@
 #include <limits>
 
 namespace namedax::detail {
-/// What `{.axis = 1, .tiled = true}` binds to in all_gather: options without groups, so the
-/// result is known at compile time to be the same along the gathered axes.
-struct all_gather_options_without_groups {
-  int axis = 0;
-  bool tiled = false;
-};
-
 /// all_gather of every leaf, reported in the name of `Verb`; `Invariant` types the result as
 /// the same along the axes.
 template <class Verb, bool Invariant, class X, class A>

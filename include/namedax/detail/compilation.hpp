@@ -3,7 +3,10 @@
 // IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <type_traits>
 
 // Header-only (the default), every function is defined in the headers. With
 // NAMEDAX_SEPARATE_COMPILATION, the sizeable non-template functions of the runtime are declared
@@ -29,3 +32,25 @@
 #endif
 
 #define NAMEDAX_FOR_EACH_ELEMENT_TYPE(M) M(float) M(double) M(std::int32_t) M(std::int64_t)
+
+namespace namedax::detail {
+
+/// A reference to a callable of one index: a pointer to the caller's callable and a function
+/// that calls it, so that a function that runs it (launch_devices, for_each_task) is compiled
+/// once per program, or once in the separately compiled part, rather than once per callable.
+/// The callable must outlive every call.
+class index_body {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, index_body> && std::is_invocable_v<F&, std::size_t>)
+  index_body(F&& f) noexcept  // NOLINT(google-explicit-constructor): a lambda converts where one is taken
+      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* object, std::size_t i) { (*static_cast<std::remove_reference_t<F>*>(object))(i); }) {}
+  void operator()(std::size_t i) const { call_(object_, i); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, std::size_t);
+};
+
+}  // namespace namedax::detail

@@ -9,8 +9,10 @@
 #include <namedax/detail/rendezvous.hpp>
 #include <namedax/detail/runtime.hpp>
 
+#if NAMEDAX_DEFINITIONS  // with separate compilation, only the unit that defines the launch parses oneTBB
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -78,36 +80,19 @@ NAMEDAX_DECL std::string description_of(std::exception_ptr error) {
 /// of its own, else as a TBB task); what it throws stands for a start that failed (tests set it).
 inline void (*before_device_start)(std::size_t device, bool own_thread) = nullptr;
 
+/// Runs `body(d)` for d in [0, n) concurrently, each on a thread whose frame stack is the
+/// caller's plus the device frame of `name`. Rethrows the first exception any device threw.
+NAMEDAX_DECL void launch_devices(std::string_view name, std::size_t n, index_body body);
+
+#if NAMEDAX_DEFINITIONS
 /// Lets TBB run up to 256 tasks at once (it caps concurrency at the core count unless the
 /// global limit allows more; even then it promises nothing, hence the fallback threads in
 /// run_devices).
-inline void allow_many_devices() {
+NAMEDAX_DECL void allow_many_devices() {
   static tbb::global_control limit(tbb::global_control::max_allowed_parallelism, 256);
 }
 
-/// A reference to the body run_devices calls for each device: a pointer to the caller's
-/// callable and a function that calls it, so that the launch is compiled once per program
-/// rather than once per mapped function (it was the largest function each pmap compiled).
-class device_body {
- public:
-  template <class F>
-    requires std::is_invocable_v<F&, std::size_t>
-  explicit device_body(F& f) noexcept
-      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
-        call_([](void* object, std::size_t d) { (*static_cast<F*>(object))(d); }) {}
-  void operator()(std::size_t d) const { call_(object_, d); }
-
- private:
-  void* object_;
-  void (*call_)(void*, std::size_t);
-};
-
-/// Runs `body(d)` for d in [0, n) concurrently, each on a thread whose frame stack is the
-/// caller's plus the device frame of `name`. Rethrows the first exception any device threw.
-NAMEDAX_DECL void launch_devices(std::string_view name, std::size_t n, device_body body);
-
-#if NAMEDAX_DEFINITIONS
-NAMEDAX_DECL void launch_devices(std::string_view name, std::size_t n, device_body body) {
+NAMEDAX_DECL void launch_devices(std::string_view name, std::size_t n, index_body body) {
   std::vector<frame> parent = frames();
   std::shared_ptr<device_record> parent_record = current_device();
   std::shared_ptr<world> shared;
@@ -251,7 +236,7 @@ NAMEDAX_DECL void launch_devices(std::string_view name, std::size_t n, device_bo
 /// Runs `body(d)` for d in [0, n) concurrently: launch_devices on a reference to `body`.
 template <class Body>
 void run_devices(std::string_view name, std::size_t n, Body&& body) {
-  launch_devices(name, n, device_body(body));
+  launch_devices(name, n, index_body(body));
 }
 
 }  // namespace namedax::detail
