@@ -25,23 +25,27 @@ namespace detail {
 template <class Rule, class Verb>
 struct derivative;
 
-/// A collective's pytree walk, leaf by leaf: a traced leaf goes to the derivative rule of
-/// `Rule` with `rule_args`, every other leaf to `body`, the walk's own code. The arguments are
-/// held by reference: use the result within the walk's call.
-template <class Rule, class Verb, class Body, class... RuleArgs>
-auto traced_to_rule(const Body& body, const RuleArgs&... rule_args) {
-  return [&](const auto& leaf) {
-    if constexpr (Traced<decltype(leaf)>) return derivative<Rule, Verb>::apply(leaf, rule_args...);
-    else return body(leaf);
-  };
-}
-
 /// `V`, as a type that depends on `Dep`: a verb's own rule is then looked up when the verb is
 /// instantiated, after detail/autodiff.hpp has defined it.
 template <class Dep, class V>
 struct dependent {
   using type = V;
 };
+
+/// A collective's pytree walk, leaf by leaf: a traced leaf goes to the derivative rule of
+/// `Rule` with `rule_args`, every other leaf to `body`, the walk's own code. The arguments are
+/// held by reference: use the result within the walk's call.
+template <class Rule, class Verb, class Body, class... RuleArgs>
+auto traced_to_rule(const Body& body, const RuleArgs&... rule_args) {
+  return [&](const auto& leaf) {
+    // The rule's type depends on the leaf's, so that it is needed only for a traced leaf: a
+    // unit that never differentiates need not include detail/autodiff.hpp (clang++ looks up
+    // names that do not depend on the lambda's parameter when the walk is instantiated).
+    using rule_of_leaf = typename dependent<decltype(leaf), derivative<Rule, Verb>>::type;
+    if constexpr (Traced<decltype(leaf)>) return rule_of_leaf::apply(leaf, rule_args...);
+    else return body(leaf);
+  };
+}
 
 namespace rule {
 template <auto Kind, bool Grouped>
