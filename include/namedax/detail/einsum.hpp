@@ -98,7 +98,7 @@ xt::xarray<R> einsum_product(std::string_view verb, std::span<const strided_bloc
     for (const auto& b : blocks) n = broadcast_extent(n, b.shape[b.shape.size() - vec + v]);
     shape.push_back(n);
   }
-  auto out = xt::xarray<R>::from_shape(shape);
+  auto out = uninitialized_array<R>(shape);  // every element is written; a recycled array has its pages
   const auto out_strides = row_major_strides(shape);
   if constexpr (GemmScalar<R>) {
     if (auto p = einsum_as_gemm(blocks, subscripts, output, contracted, vec, shape, out_strides)) {

@@ -62,7 +62,7 @@ xt::xarray<T> dot_general(std::string_view verb, const strided_block<X>& x, std:
     ys.push_back(ny == 1 ? 0 : y.strides[y_rank + v]);
   }
 
-  auto out = xt::xarray<T>::from_shape(shape);
+  auto out = uninitialized_array<T>(shape);  // every element is written; a recycled array has its pages
   const auto out_strides = row_major_strides(shape);
   if constexpr (GemmScalar<T> && std::is_same_v<X, T> && std::is_same_v<Y, T>) {
     // The output's dims: batch pairs, x's free dims (M), y's free dims (N), vectorized dims.
