@@ -19,9 +19,11 @@
 
 #include "bench_common.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace namedax::literals;
@@ -51,6 +53,14 @@ double slowest_process_time(F&& call, std::size_t bytes) {
     best = std::min(best, slowest((MPI_Wtime() - start) / k));
   }
   return best;
+}
+
+/// Each case, a best time and the call it times, timed in turn for three rounds (the machine's
+/// drift hits all alike), keeping the best of each.
+template <class... Calls>
+void alternating_rounds(std::size_t bytes, std::pair<double*, Calls>... cases) {
+  for (int round = 0; round < 3; ++round)
+    ((*cases.first = std::min(*cases.first, slowest_process_time(cases.second, bytes))), ...);
 }
 
 /// One case: `floats` per process (a multiple of the process count where the call splits).
@@ -95,11 +105,7 @@ measured measure(const std::string& collective, std::size_t floats, std::size_t 
       else if (collective == "all_to_all") namedax::eval(namedax::all_to_all(x, "i"_ax, 0, 0, {.tiled = true}));
       else namedax::eval(namedax::ppermute(x, "i"_ax, ring));
     };
-    // Raw and namedax in turns, the best of each: the machine's drift hits both alike.
-    for (int round = 0; round < 3; ++round) {
-      m.raw = std::min(m.raw, slowest_process_time(raw, bytes));
-      m.namedax = std::min(m.namedax, slowest_process_time(call, bytes));
-    }
+    alternating_rounds(bytes, std::pair{&m.raw, raw}, std::pair{&m.namedax, call});
     return x;
   })(mine);
   return m;
@@ -141,12 +147,8 @@ overlapped overlap(std::size_t floats, std::size_t bytes) {
     const double one_pass = slowest_process_time(compute, bytes), sum = slowest_process_time(alone, bytes);
     passes = std::max(1, static_cast<int>(sum / one_pass + 0.5));
     MPI_Allreduce(MPI_IN_PLACE, &passes, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    for (int round = 0; round < 3; ++round) {
-      o.psum = std::min(o.psum, slowest_process_time(alone, bytes));
-      o.compute = std::min(o.compute, slowest_process_time(compute, bytes));
-      o.blocking = std::min(o.blocking, slowest_process_time(blocking, bytes));
-      o.started = std::min(o.started, slowest_process_time(started, bytes));
-    }
+    alternating_rounds(bytes, std::pair{&o.psum, alone}, std::pair{&o.compute, compute},
+                       std::pair{&o.blocking, blocking}, std::pair{&o.started, started});
     return x;
   })(mine);
   return o;
@@ -194,12 +196,8 @@ ring_times ring_matmul(std::size_t b, std::size_t k, std::size_t c) {
       }
     };
     auto library = [&] { (void)namedax::eval(namedax::all_gather_matmul(x, w, "i"_ax)); };
-    for (int round = 0; round < 3; ++round) {
-      t.gathered = std::min(t.gathered, slowest_process_time(gathered, bytes));
-      t.blocking = std::min(t.blocking, slowest_process_time(blocking, bytes));
-      t.started = std::min(t.started, slowest_process_time(started, bytes));
-      t.library = std::min(t.library, slowest_process_time(library, bytes));
-    }
+    alternating_rounds(bytes, std::pair{&t.gathered, gathered}, std::pair{&t.blocking, blocking},
+                       std::pair{&t.started, started}, std::pair{&t.library, library});
     return x;
   })(x, w);
   return t;

@@ -19,15 +19,19 @@ thread_local std::size_t allocations_here = 0, largest_here = 0;
 // Each block carries its size in a header as large as the strictest alignment.
 constexpr std::size_t header = alignof(std::max_align_t);
 
+/// Raises `maximum` to `value` if it is larger, whichever threads race to raise it.
+void raise_to(std::atomic<std::size_t>& maximum, std::size_t value) {
+  for (std::size_t seen = maximum.load(); value > seen && !maximum.compare_exchange_weak(seen, value);) {
+  }
+}
+
 void* counted_allocate(std::size_t n) {
   auto* block = static_cast<unsigned char*>(std::malloc(n + header));
   if (!block) throw std::bad_alloc();
   *reinterpret_cast<std::size_t*>(block) = n;
   ++allocations_here;
   largest_here = std::max(largest_here, n);
-  const std::size_t now = live_bytes.fetch_add(n) + n;
-  for (std::size_t seen = peak_bytes.load(); now > seen && !peak_bytes.compare_exchange_weak(seen, now);) {
-  }
+  raise_to(peak_bytes, live_bytes.fetch_add(n) + n);
   return block + header;
 }
 
@@ -145,8 +149,7 @@ TEST_SUITE("memory") {
       for (int warm = 0; warm < 4; ++warm) products();
       largest_here = 0;
       products();
-      for (std::size_t seen = largest.load(); largest_here > seen && !largest.compare_exchange_weak(seen, largest_here);) {
-      }
+      raise_to(largest, largest_here);
       return namedax::eval(a);
     };
     (void)namedax::pmap<"i">(f)(x, x);
@@ -191,8 +194,7 @@ TEST_SUITE("memory") {
         largest_here = 0;
         all();
         counted += allocations_here - before;
-        for (std::size_t seen = largest.load(); largest_here > seen && !largest.compare_exchange_weak(seen, largest_here);) {
-        }
+        raise_to(largest, largest_here);
         return mine;
       };
       (void)namedax::pmap<"i">(f)(x);
