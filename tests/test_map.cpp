@@ -70,7 +70,7 @@ TEST_SUITE("maps") {
     }
     CHECK_THROWS_WITH_AS(namedax::pmap<"i">(f)(a, b), doctest::Contains("argument 0 has 4, argument 1 has 3"),
                          namedax::error);
-    CHECK_THROWS_WITH_AS(namedax::vmap<"i">(f, 1)(a, a), doctest::Contains("in_axes of argument 0 1 is out of range"),
+    CHECK_THROWS_WITH_AS(namedax::vmap<"i">(f, 1)(a, a), doctest::Contains("in_axes of argument 0 is 1, out of range"),
                          namedax::error);
   }
 
@@ -191,12 +191,17 @@ TEST_SUITE("maps") {
           "namedax::vmap<\"i\">: mapped arguments differ in size along the axis: argument 0 has 4, argument 1, leaf 1 "
           "has 3 (positional shape (3,))");
     CHECK_THROWS_WITH_AS(namedax::pmap<"i">(f, std::tuple{0, std::pair{0, 1}})(a, std::pair{a, a}),
-                         doctest::Contains("in_axes of argument 1, leaf 1 1 is out of range for 1 positions"),
+                         doctest::Contains("in_axes of argument 1, leaf 1 is 1, out of range for 1 position (valid: -1 to 0)"),
                          namedax::error);
+    // A value of rank 0 has nothing to map: the message says so and what to write instead.
+    xt::xarray<float> scalar = 3.f;
+    CHECK(namedax_test::error_of([&] { namedax::pmap<"i">(f, std::tuple{0, 0})(scalar, std::pair{a, a}); }) ==
+          "namedax::pmap<\"i\">: in_axes of argument 0 is 0, but the value has no positional dim; give it in_axes "
+          "namedax::none");
     // out_axes name the result leaf they are wrong for.
     auto g = [](auto v) { return std::pair{v, v * 2.f}; };
-    for (auto message : {"namedax::vmap<\"i\">: out_axes of result 1 2 is out of range for 1 positions",
-                         "namedax::pmap<\"i\">: out_axes of result 1 2 is out of range for 1 positions"}) {
+    for (auto message : {"namedax::vmap<\"i\">: out_axes of result 1 is 2, out of range for 1 position (valid: -1 to 0)",
+                         "namedax::pmap<\"i\">: out_axes of result 1 is 2, out of range for 1 position (valid: -1 to 0)"}) {
       const bool vectorized = std::string_view(message).find("vmap") != std::string_view::npos;
       auto out_axes = std::pair{0, 2};
       CHECK(namedax_test::error_of([&] {

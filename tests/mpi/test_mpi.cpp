@@ -660,9 +660,10 @@ TEST_SUITE("one process fails alone") {
     // An in_axes out of range on process 1 alone.
     check_every_process_names_rank_1(
         [&] { namedax::mpi::pmap<"i">(f, odd ? 3 : 0)(x); },
-        "namedax::mpi::pmap<\"i\">: in_axes of argument 0 3 is out of range for 1 positions (thrown on process rank 1)",
+        "namedax::mpi::pmap<\"i\">: in_axes of argument 0 is 3, out of range for 1 position (valid: -1 to 0) "
+        "(thrown on process rank 1)",
         "namedax::mpi::pmap<\"i\"> on process i=" + std::to_string(world_rank) + " (rank " + std::to_string(world_rank) +
-            "): process rank 1 threw: namedax::mpi::pmap<\"i\">: in_axes of argument 0 3 is out of range for 1 positions");
+            "): process rank 1 threw: namedax::mpi::pmap<\"i\">: in_axes of argument 0 is 3, out of range for 1 position (valid: -1 to 0)");
     // A size that does not divide the processes, on process 1 alone.
     xt::xarray<float> longer = xt::arange<float>(static_cast<float>(n + 1));
     check_every_process_names_rank_1(
@@ -691,8 +692,9 @@ TEST_SUITE("one process fails alone") {
     const std::string rank_1 = "process i=" + std::to_string(1 / (n / 2)) + " (rank 1)";
     check_every_process_names_rank_1(
         [&] { namedax::mpi::pmap<"i">(inner)(grid); },
-        "namedax::mpi::pmap<\"j\">: in_axes of argument 0 5 is out of range for 2 positions (thrown on " + rank_1 + ")",
-        rank_1 + " threw: namedax::mpi::pmap<\"j\">: in_axes of argument 0 5 is out of range for 2 positions");
+        "namedax::mpi::pmap<\"j\">: in_axes of argument 0 is 5, out of range for 2 positions (valid: -2 to 1) "
+        "(thrown on " + rank_1 + ")",
+        rank_1 + " threw: namedax::mpi::pmap<\"j\">: in_axes of argument 0 is 5, out of range for 2 positions (valid: -2 to 1)");
     // And the processes still work together afterwards.
     check_like_vmap(f, 0, x);
   }
@@ -757,8 +759,9 @@ TEST_SUITE("one process fails alone") {
     const int in_axis = world_rank == 1 ? 4 : 0;
     check_every_process_names_rank_1(
         [&] { namedax::mpi::pmap<"i">([&](auto x) { return namedax::pmap<"j">(sum, in_axis)(x); })(x); },
-        "namedax::pmap<\"j\">: in_axes of argument 0 4 is out of range for 1 positions (thrown on process i=1 (rank 1))",
-        "process i=1 (rank 1) threw: namedax::pmap<\"j\">: in_axes of argument 0 4 is out of range for 1 positions");
+        "namedax::pmap<\"j\">: in_axes of argument 0 is 4, out of range for 1 position (valid: -1 to 0) (thrown on "
+        "process i=1 (rank 1))",
+        "process i=1 (rank 1) threw: namedax::pmap<\"j\">: in_axes of argument 0 is 4, out of range for 1 position (valid: -1 to 0)");
     check_same(namedax::mpi::pmap<"i">(namedax::pmap<"j">(sum))(x), namedax::vmap<"i">(namedax::vmap<"j">(sum))(x));
   }
 }
