@@ -327,14 +327,16 @@ auto fma(A&& a, B&& b, C&& c) {
 /// Operations without a rule yet: the first error line says so.
 template <Traced X, class... Args>
 X prod(const X& x, const Args&...) {
-  static_assert(detail::always_false<X>, "namedax::grad: prod has no derivative rule yet; write it as exp(sum(log(x))) "
-                                         "for positive x, or apply it to namedax::stop_gradient(x)");
+  static_assert(detail::has_derivative_rule<!Traced<X>>, "namedax::grad: prod has no derivative rule yet; write it as "
+                                                         "exp(sum(log(x))) for positive x, or apply it to "
+                                                         "namedax::stop_gradient(x)");
   return x;  // only the assertion above is reported
 }
 template <Traced X, class... Args>
 X cumprod(const X& x, const Args&...) {
-  static_assert(detail::always_false<X>, "namedax::grad: cumprod has no derivative rule yet; write it as "
-                                         "exp(cumsum(log(x))) for positive x, or apply it to namedax::stop_gradient(x)");
+  static_assert(detail::has_derivative_rule<!Traced<X>>, "namedax::grad: cumprod has no derivative rule yet; write it "
+                                                         "as exp(cumsum(log(x))) for positive x, or apply it to "
+                                                         "namedax::stop_gradient(x)");
   return x;  // only the assertion above is reported
 }
 

@@ -362,7 +362,7 @@ struct pgather_fn {
   template <class S, class I, AxisArgument A>
     requires Traced<S>
   S operator()(const S& src, const I&, const A&) const {
-    static_assert(detail::always_false<S>,
+    static_assert(detail::has_derivative_rule<!Traced<S>>,
                   "namedax::grad: pgather has no derivative rule yet; gather from namedax::stop_gradient(src), or "
                   "express the lookup with take, take_along_axis or dynamic_slice, which have one");
     return src;  // only the assertion above is reported

@@ -370,6 +370,10 @@ E owned_payload(xt::xarray<T>&& a) {
   else return share_array(std::move(a));
 }
 
+// Named so that a failing static_assert's first line stays short: clang++ prints the condition
+// with its arguments, which would otherwise spell out the whole expression type.
+template <bool OwnsItsData>
+inline constexpr bool variable_owns_its_data = OwnsItsData;
 // Named so that a failing static_assert prints both masks (bit k: axis k of the environment).
 template <axis_mask Variable, axis_mask Assigned>
 inline constexpr bool variable_covers_names = (Assigned & ~Variable) == 0;
@@ -380,7 +384,7 @@ inline constexpr bool same_element_type = std::is_same_v<Variable, Assigned>;
 template <class E, class Env, axis_mask Varying>
 template <class R>
 void named<E, Env, Varying>::rebind(const R& r) {
-  static_assert(detail::owns_its_data<E>,
+  static_assert(detail::variable_owns_its_data<detail::owns_its_data<E>>,
                 "namedax: this value's type records the expression that computes it, so it cannot be rebound; hold a "
                 "variable that changes in a value that owns its data: `auto acc = namedax::eval(x);`, then `acc = ...` "
                 "or `acc += ...`");

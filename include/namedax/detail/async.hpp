@@ -822,8 +822,10 @@ std::optional<xt::svector<std::string_view, 8>> met_among_threads() {
 
 template <class X>
 constexpr void require_not_traced() {
-  static_assert(!Traced<X>, "namedax::grad: asynchronous collectives have no derivative rule; in a differentiated "
-                            "function use the blocking collective, whose rule is its transpose");
+  constexpr bool traced = Traced<X>;
+  static_assert(has_derivative_rule<!traced>, "namedax::grad: asynchronous collectives have no derivative rule; in a "
+                                              "differentiated function use the blocking collective, whose rule is its "
+                                              "transpose");
 }
 
 /// Points `slot` at `now` for a scope: what a wait installs for the collective it runs.

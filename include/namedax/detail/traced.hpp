@@ -19,6 +19,12 @@ template <class T>
 concept Traced = requires { typename std::remove_cvref_t<T>::traced_tag; };
 
 namespace detail {
+/// The condition of the static_assert of an operation with no derivative rule, given
+/// `!Traced<X>`: clang++ prints it as `has_derivative_rule<false>`, where `always_false<X>`
+/// would spell out the whole traced type on the first error line.
+template <bool Has>
+inline constexpr bool has_derivative_rule = Has;
+
 /// The derivative of collective `Verb` on a traced leaf: specialized, per pytree walk, in
 /// detail/autodiff.hpp. `Rule` names the walk (all_gather, all_to_all, ...); `Verb` keeps the
 /// name errors are reported under and makes the lookup wait for the instantiation.
