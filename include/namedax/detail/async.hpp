@@ -822,7 +822,7 @@ std::optional<xt::svector<std::string_view, 8>> met_among_threads() {
 
 template <class X>
 constexpr void require_not_traced() {
-  constexpr bool traced = Traced<X>;
+  constexpr bool traced = Traced<X>;  // clang++ would print `!Traced<...>` unfolded in the flag
   static_assert(has_derivative_rule<!traced>, "namedax::grad: asynchronous collectives have no derivative rule; in a "
                                               "differentiated function use the blocking collective, whose rule is its "
                                               "transpose");

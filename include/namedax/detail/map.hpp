@@ -54,13 +54,14 @@ constexpr std::size_t vectorized_dims_of() {
 
 inline std::size_t canonical_axis(std::string_view verb, std::string_view name, std::string_view what, int axis,
                                   std::size_t count) {
-  int d = axis < 0 ? axis + static_cast<int>(count) : axis;
-  if (d < 0 || d >= static_cast<int>(count)) {
-    if (count == 0) fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis,
-                         ", but the value has no positional dim; give it in_axes namedax::none");
-    fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis, ", out of range for ", count,
-         count == 1 ? " position (valid: " : " positions (valid: ", -static_cast<int>(count), " to ",
-         static_cast<int>(count) - 1, ")");
+  const int n = static_cast<int>(count);
+  const int d = axis < 0 ? axis + n : axis;
+  if (d < 0 || d >= n) {
+    // Only an in_axes entry can meet no positions: an out_axes entry has the rank + 1.
+    if (n == 0) fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis,
+                     ", but the value has no positional dim; give it in_axes namedax::none");
+    fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis, ", out of range for ", n,
+         n == 1 ? " position (valid: " : " positions (valid: ", -n, " to ", n - 1, ")");
   }
   return static_cast<std::size_t>(d);
 }
