@@ -31,8 +31,9 @@ sanitizer_compiler() {
 asan_compiler=$(sanitizer_compiler address,undefined)
 echo "AddressSanitizer + UndefinedBehaviorSanitizer build with $asan_compiler"
 asan_flags="-O0 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-# clang++: without UBSan's null and alignment checks in third-party headers (see the file).
-[ "$asan_compiler" = clang++ ] && asan_flags+=" -fsanitize-ignorelist=$PWD/scripts/ubsan_ignorelist.txt"
+# clang++: without UBSan's null and alignment checks in third-party headers (see the file); the path
+# quoted, since the build tool passes the flags through a shell and a checkout path may hold spaces.
+[ "$asan_compiler" = clang++ ] && asan_flags+=" -fsanitize-ignorelist=\"$PWD/scripts/ubsan_ignorelist.txt\""
 cmake -S . -B build/asan "${common[@]}" -DNAMEDAX_SANITIZED_TESTS=ON -DCMAKE_CXX_COMPILER="$asan_compiler" \
   -DCMAKE_CXX_FLAGS="$asan_flags" >/dev/null
 cmake --build build/asan -j2
