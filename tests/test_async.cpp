@@ -166,6 +166,14 @@ TEST_SUITE("async") {
     CHECK_BITWISE(namedax::pmap<"i">(f)(x), expected);
   }
 
+  TEST_CASE("an empty permutation written {} sends nothing: zeros, as JAX's perm=[]") {
+    xt::xarray<int> x{10, 11, 12, 13};
+    auto f = [](auto x) { return namedax::async::ppermute(x, "i"_ax, {}).wait(); };
+    const xt::xarray<int> zeros{0, 0, 0, 0};
+    CHECK_BITWISE(namedax::vmap<"i">(f)(x), zeros);
+    CHECK_BITWISE(namedax::pmap<"i">(f)(x), zeros);
+  }
+
   TEST_CASE("the sent block is captured at start: rebinding the operand before wait changes nothing") {
     xt::xarray<float> xs = xt::arange<float>(12).reshape({4, 3});
     auto f = [](auto x) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <complex>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -159,6 +160,31 @@ TEST_SUITE("reductions") {
     xt::xarray<std::int32_t> expected{3, 3, 3, 3};
     CHECK_BITWISE(v, expected);
     CHECK_BITWISE(p, expected);
+  }
+  TEST_CASE("complex values: psum sums, pmean keeps complex64 and complex128 as in JAX, in both modes") {
+    using C = std::complex<float>;
+    const xt::xarray<C> x{C(1, 2), C(3, -4), C(0, 1)};
+    auto [sv, sp] = both_modes([](auto v) { return namedax::psum(v, "i"_ax); }, x);
+    const xt::xarray<C> sum{C(4, -1), C(4, -1), C(4, -1)};
+    CHECK_BITWISE(sv, sum);
+    CHECK_BITWISE(sp, sum);
+    auto [mv, mp] = both_modes([](auto v) { return namedax::pmean(v, "i"_ax); }, x);
+    static_assert(std::is_same_v<decltype(mv)::value_type, C>);
+    CHECK_BITWISE(mv, mp);
+    for (const C m : mv) CHECK(std::abs(m - C(4.f / 3, -1.f / 3)) < 1e-6f);
+    // complex128 over the name and a positional dim (a divisor of 3 * 2), and a plain value,
+    // which every index holds: its mean is itself.
+    using Z = std::complex<double>;
+    const xt::xarray<Z> y{{Z(1, 1), Z(2, 0)}, {Z(3, -1), Z(4, 2)}, {Z(5, 0), Z(6, -3)}};
+    auto f = [](auto v) {
+      return std::tuple{namedax::pmean(v, namedax::axes("i"_ax, 0)), namedax::pmean(xt::xarray<Z>{Z(2, -6)}, "i"_ax)};
+    };
+    for (const auto& [mean, plain] : {namedax::vmap<"i">(f)(y), namedax::pmap<"i">(f)(y)}) {
+      static_assert(std::is_same_v<std::remove_cvref_t<decltype(mean)>::value_type, Z>);
+      REQUIRE(mean.size() == 3);
+      for (const Z m : mean) CHECK(std::abs(m - Z(21. / 6, -1. / 6)) < 1e-12);
+      for (const Z p : plain) CHECK(p == Z(2, -6));
+    }
   }
   TEST_CASE("pmax and pmin, with NaN propagating") {
     xt::xarray<float> x{{1.f, 5.f}, {7.f, -2.f}, {3.f, 4.f}};

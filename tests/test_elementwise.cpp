@@ -149,7 +149,14 @@ const auto binary_core = std::tuple{BOTH(maximum), BOTH(fmod), BOTH(pow), BOTH(a
                                     OP2_OR(==, equal)};
 const std::array<const char*, 8> binary_core_names{"maximum", "fmod", "pow", "atan2", "isclose", "+", "/", "=="};
 
-const auto ternary = std::tuple{BOTH(clip), BOTH(fma), BOTH(where)};
+// jnp.clip, which gives hi wherever lo > hi (xtensor's clip gives lo there).
+const auto clip_as_jnp = [](const auto& v, const auto& lo, const auto& hi) {
+  if constexpr (namedax::NamedOperand<decltype(v)> || namedax::NamedOperand<decltype(lo)> ||
+                namedax::NamedOperand<decltype(hi)>)
+    return namedax::clip(v, lo, hi);
+  else return xt::where(lo > hi, hi, xt::clip(v, lo, hi));
+};
+const auto ternary = std::tuple{clip_as_jnp, BOTH(fma), BOTH(where)};
 const std::array<const char*, 3> ternary_names{"clip", "fma", "where"};
 
 template <class T, class Ops, std::size_t N>

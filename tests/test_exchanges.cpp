@@ -192,6 +192,13 @@ TEST_SUITE("permutations") {
     CHECK_BITWISE(vp, expected);
     CHECK_BITWISE(pp, expected);
   }
+  TEST_CASE("an empty permutation written {} sends nothing: zeros, as JAX's perm=[]") {
+    xt::xarray<float> x = xt::arange<float>(6).reshape({3, 2});
+    auto [v, p] = both_modes([](auto x) { return namedax::ppermute(x, "i"_ax, {}); }, x);
+    const xt::xarray<float> zeros = xt::zeros<float>({3, 2});
+    CHECK_BITWISE(v, zeros);
+    CHECK_BITWISE(p, zeros);
+  }
   TEST_CASE("a ring all-reduce built from ppermute equals psum") {
     xt::xarray<int> x = xt::arange<int>(15).reshape({5, 3});
     auto ring_sum = [](auto x) {

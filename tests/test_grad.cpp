@@ -262,7 +262,7 @@ const auto collective_family = [](const auto& x, const auto& c, int op) {
   }
 };
 
-constexpr int structural_rules = 41;
+constexpr int structural_rules = 42;
 
 /// Structural ops, xeinsum, scans and sorts, clip, fma, rounding, the collective matmuls and the
 /// grouped extremes, x of positional shape (4, 3) under "i" of size 4.
@@ -312,6 +312,8 @@ const auto structural_family = [](const auto& x, const auto& c, int op) {
     case 38: return finish(s, namedax::fdim(x, namedax::eval(c - 0.75)));
     case 39: return finish(s, namedax::pow<3>(x) + namedax::pow<1>(x));
     case 40: return finish(s, namedax::pow<2>(namedax::eval(x * c)));
+    // Bounds from x, lo > hi where x > 0: the value is hi there, and so is the cotangent.
+    case 41: return finish(s, namedax::clip(c, x, namedax::eval(x * 0.5)));
     default: throw std::logic_error("no such rule");
   }
 };

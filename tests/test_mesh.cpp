@@ -221,4 +221,18 @@ TEST_SUITE("shard_map") {
     CHECK(namedax_test::error_of([&] { g(xt::xarray<float>(xt::zeros<float>({4}))); }) ==
           "namedax::shard_map: argument 0 has 1 dims, but its partition spec has 2 entries");
   }
+
+  TEST_CASE("a plain result shorter than its out spec, and a mesh axis of size 0, are errors naming them") {
+    namedax::mesh m{namedax::devices<"data">(2)};
+    const xt::xarray<double> x = xt::arange<double>(4);
+    auto scalar = namedax::shard_map([](auto) { return 1.5; }, m, namedax::P("data"_ax), namedax::P("data"_ax));
+    CHECK(namedax_test::error_of([&] { scalar(x); }) ==
+          "namedax::shard_map: result 0 has 0 dims, but its out spec has 1 entries");
+    auto plain = namedax::shard_map([](auto) { return xt::xarray<double>{1., 2.}; }, m, namedax::P("data"_ax),
+                                    namedax::P(namedax::none, "data"_ax));
+    CHECK(namedax_test::error_of([&] { plain(x); }) ==
+          "namedax::shard_map: result 0 has 1 dims, but its out spec has 2 entries");
+    CHECK(namedax_test::error_of([] { namedax::mesh{namedax::devices<"data">(2), namedax::vectorized<"model">(0)}; }) ==
+          "namedax::mesh: axis \"model\" has size 0; every mesh axis needs at least one index");
+  }
 }

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <complex>
 #include <limits>
 #include <numeric>
 
@@ -465,6 +466,13 @@ TEST_CASE("documented values: keepdims, dims given several ways, the jnp dtypes"
   CHECK_BITWISE(mean, (xt::xarray<float>{1.5f, 3.5f}));
   CHECK_BITWISE(arg, (xt::xarray<std::int32_t>{1, 1}));
   CHECK_BITWISE(any, (xt::xarray<bool>{true, true}));
+  // jnp.mean of complex64 is complex64.
+  using C = std::complex<float>;
+  const xt::xarray<C> complexes = {{C(1, 2), C(3, 0)}, {C(0, -4), C(2, 2)}};
+  auto [cv, cp] = namedax_test::both_modes([](auto v) { return namedax::mean(v, 0); }, complexes);
+  static_assert(std::is_same_v<decltype(cv)::value_type, C>);
+  CHECK_BITWISE(cv, (xt::xarray<C>{C(2, 1), C(1, -1)}));
+  CHECK_BITWISE(cp, cv);
 }
 
 TEST_CASE("integer sums: int8 widens to int32 as in jnp, int32 wraps") {

@@ -77,10 +77,10 @@ struct ppermute_fn {
   }
   /// A permutation known at compile time (`namedax::static_perm<0, 1, 1, 0>`): checked at
   /// compile time as namedax::ppermute checks it.
-  template <class X, AxisArgument A, int... P>
-  [[nodiscard]] auto operator()(const X& x, const A& axes, static_permutation<P...> perm) const {
+  template <class X, AxisArgument A, StaticPermutation P>
+  [[nodiscard]] auto operator()(const X& x, const A& axes, P perm) const {
     using checked [[maybe_unused]] = decltype(namedax::ppermute(x, axes, perm));
-    return (*this)(x, axes, static_permutation<P...>::pairs());
+    return (*this)(x, axes, P::pairs());
   }
 };
 inline constexpr ppermute_fn ppermute{};

@@ -296,7 +296,7 @@ NAMEDAX_TRACED_UNARY(nearbyint, ct * T(0))
 NAMEDAX_TRACED_UNARY(rint, ct * T(0))
 
 /// `clip(x, lo, hi)`: the cotangent to x strictly inside the bounds, else to the bound that
-/// clipped it (as JAX's clamp).
+/// clipped it (as JAX's clamp); to hi wherever lo > hi, where the value is hi.
 template <class X, class L, class H>
   requires TracedOperands<X, L, H>
 auto clip(X&& x, L&& lo, H&& hi) {
@@ -305,8 +305,8 @@ auto clip(X&& x, L&& lo, H&& hi) {
       []<class C>(const C& ct, auto k, const auto&, const auto& a, const auto& l, const auto& h) {
         using T = typename C::value_type;
         if constexpr (decltype(k)::value == 0) return ct * namedax::cast<T>((a > l) && (a < h));
-        else if constexpr (decltype(k)::value == 1) return ct * namedax::cast<T>(a <= l);
-        else return ct * namedax::cast<T>((a >= h) && (a > l));
+        else if constexpr (decltype(k)::value == 1) return ct * namedax::cast<T>((a <= l) && (l <= h));
+        else return ct * namedax::cast<T>(((a >= h) && (a > l)) || ((a <= l) && (l > h)));
       },
       x, lo, hi);
 }

@@ -93,6 +93,16 @@ struct static_permutation {
 };
 template <int... SourceDestination>
 inline constexpr static_permutation<SourceDestination...> static_perm{};
+namespace detail {
+template <class T>
+inline constexpr bool is_static_permutation = false;
+template <int... P>
+inline constexpr bool is_static_permutation<static_permutation<P...>> = true;
+}  // namespace detail
+/// A static_perm<...>. Taken as a deduced type, so that braces (`ppermute(x, "i"_ax, {})`, an
+/// empty permutation) pick the runtime pairs rather than an empty static one.
+template <class T>
+concept StaticPermutation = detail::is_static_permutation<T>;
 /// The targets of pcast, as JAX's `to` strings: `pcast(x, "i"_ax, pcast_to::varying)`.
 /// namedax types a value as varying or invariant along each name; JAX's `reduced` and
 /// `unreduced` have no type here, so a cast to them does not compile (see pcast).

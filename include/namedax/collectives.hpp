@@ -164,17 +164,16 @@ inline constexpr pswapaxes_fn pswapaxes{};
 struct ppermute_fn {
   static constexpr std::string_view name = "ppermute";
   /// A permutation known at compile time: its mistakes do not compile.
-  template <class X, AxisArgument A, int... P>
-  auto operator()(const X& x, const A& axes, static_permutation<P...>) const {
-    using perm = static_permutation<P...>;
-    static_assert(detail::permutation_is_well_formed<perm>,
+  template <class X, AxisArgument A, StaticPermutation Perm>
+  auto operator()(const X& x, const A& axes, Perm) const {
+    static_assert(detail::permutation_is_well_formed<Perm>,
                   "namedax::ppermute: the static permutation needs (source, destination) pairs of indices >= 0 "
                   "with no source and no destination twice");
     [&]<class... Names>(detail::type_list<Names...>) {
-      static_assert(detail::permutation_fits_axis_size<perm, detail::static_axis_size<X, Names...>()>,
+      static_assert(detail::permutation_fits_axis_size<Perm, detail::static_axis_size<X, Names...>()>,
                     "namedax::ppermute: the static permutation names an index past the axis's static size");
     }(detail::names_only(detail::to_axis_list(axes)));
-    return (*this)(x, axes, perm::pairs());
+    return (*this)(x, axes, Perm::pairs());
   }
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes, const std::vector<std::pair<int, int>>& perm) const {

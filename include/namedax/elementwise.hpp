@@ -78,8 +78,10 @@ NAMEDAX_XT_BINARY(fmod)
 NAMEDAX_XT_BINARY(remainder)
 /// `fdim(x, y)`: max(x - y, 0).
 NAMEDAX_XT_BINARY(fdim)
-/// `clip(x, lo, hi)`: x limited to [lo, hi]; `lo` and `hi` may be named values too.
-NAMEDAX_XT_TERNARY(clip)
+/// `clip(x, lo, hi)`: x limited to [lo, hi], as jnp.clip (hi where lo > hi); `lo` and `hi`
+/// may be named values too.
+NAMEDAX_ELEMENTWISE_TERNARY(clip, ::namedax::detail::apply_xfunction(::namedax::detail::clip_fun{}, NAMEDAX_FWD(a),
+                                                                     NAMEDAX_FWD(b), NAMEDAX_FWD(c)))
 /// `fma(a, b, c)`: a * b + c rounded once.
 NAMEDAX_XT_TERNARY(fma)
 

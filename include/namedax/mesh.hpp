@@ -73,7 +73,13 @@ class mesh {
   using env_type = env<binding<typename Axes::axis_type, Axes::place>...>;
   static constexpr std::size_t rank = sizeof...(Axes);
 
-  constexpr explicit mesh(Axes... axes) : axes_(axes...) {}
+  constexpr explicit mesh(Axes... axes) : axes_(axes...) {
+    // A size of 0 would reach the maps as "no axis_size given".
+    (..., [&] {
+      if (axes.size == 0)
+        detail::fail("namedax::mesh: axis \"", Axes::axis_type::name, "\" has size 0; every mesh axis needs at least one index");
+    }());
+  }
 
   /// The sizes of the axes, in order.
   [[nodiscard]] constexpr std::array<std::size_t, rank> sizes() const {

@@ -25,11 +25,10 @@
 
 namespace namedax::mpi {
 
-/// The MPI datatype of an element type (bool, signed and unsigned integers, float, double).
-template <class T>
-MPI_Datatype datatype() {
+/// The MPI datatype of an element kind.
+inline MPI_Datatype datatype_of(detail::element_kind kind) {
   using detail::element_kind;
-  switch (detail::element_kind_of<T>()) {
+  switch (kind) {
     case element_kind::boolean: return MPI_C_BOOL;
     case element_kind::int8: return MPI_INT8_T;
     case element_kind::int16: return MPI_INT16_T;
@@ -41,8 +40,17 @@ MPI_Datatype datatype() {
     case element_kind::uint64: return MPI_UINT64_T;
     case element_kind::float32: return MPI_FLOAT;
     case element_kind::float64: return MPI_DOUBLE;
+    case element_kind::complex64: return MPI_C_FLOAT_COMPLEX;
+    case element_kind::complex128: return MPI_C_DOUBLE_COMPLEX;
   }
   return MPI_DATATYPE_NULL;
+}
+
+/// The MPI datatype of an element type (bool, signed and unsigned integers, float, double,
+/// std::complex of float and double).
+template <class T>
+MPI_Datatype datatype() {
+  return datatype_of(detail::element_kind_of<T>());
 }
 
 namespace detail {
@@ -61,23 +69,6 @@ inline int count_of(std::size_t count, std::string_view call) {
   if (count > static_cast<std::size_t>(INT_MAX))
     fail("namedax::mpi: ", call, " of ", count, " elements exceeds MPI's int count (", INT_MAX, ")");
   return static_cast<int>(count);
-}
-
-inline MPI_Datatype datatype_of(element_kind kind) {
-  switch (kind) {
-    case element_kind::boolean: return datatype<bool>();
-    case element_kind::int8: return datatype<std::int8_t>();
-    case element_kind::int16: return datatype<std::int16_t>();
-    case element_kind::int32: return datatype<std::int32_t>();
-    case element_kind::int64: return datatype<std::int64_t>();
-    case element_kind::uint8: return datatype<std::uint8_t>();
-    case element_kind::uint16: return datatype<std::uint16_t>();
-    case element_kind::uint32: return datatype<std::uint32_t>();
-    case element_kind::uint64: return datatype<std::uint64_t>();
-    case element_kind::float32: return datatype<float>();
-    case element_kind::float64: return datatype<double>();
-  }
-  return MPI_DATATYPE_NULL;
 }
 
 /// max and min that propagate NaN, as pmax and pmin do in the other placements (MPI_MAX

@@ -13,6 +13,7 @@
 #include <xtensor/xview.hpp>
 
 #include <chrono>
+#include <complex>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -198,6 +199,22 @@ TEST_SUITE("collectives on processes against vmap") {
     // A strided view of each process's slice (mapped along dimension 1) goes the same way.
     xt::xarray<T> transposed = xt::transpose(x, {1, 0, 2});
     check_like_vmap(f, 1, transposed);
+  }
+  TEST_CASE_TEMPLATE("complex elements: psum, pmean and psum_scatter as under vmap", T, std::complex<float>,
+                     std::complex<double>) {
+    std::mt19937 rng(17);
+    const std::size_t n = processes;
+    const auto re = namedax_test::random_array<std::int32_t>(rng, {n, n, 2});
+    const auto im = namedax_test::random_array<std::int32_t>(rng, {n, n, 2});
+    xt::xarray<T> x = xt::xarray<T>::from_shape(re.shape());
+    for (std::size_t k = 0; k < x.size(); ++k) x.flat(k) = T(re.flat(k), im.flat(k));  // sums exact in any order
+    const auto even = pairs_reversed(n);
+    auto f = [&](auto x) {
+      return std::tuple{namedax::psum(x, "i"_ax), namedax::pmean(x, "i"_ax),
+                        namedax::psum(x, "i"_ax, {.axis_index_groups = even}),
+                        namedax::psum_scatter(x, "i"_ax, {.tiled = true})};
+    };
+    check_like_vmap(f, 0, x);
   }
   TEST_CASE("pmax and pmin propagate NaN, alone and in groups") {
     xt::xarray<float> x = xt::arange<float>(static_cast<float>(processes * 2)).reshape({processes, 2});

@@ -35,10 +35,9 @@ auto reduction_op() {
 template <reduction K, class T>
 using accumulate_t = std::conditional_t<(K == reduction::sum || K == reduction::mean) && std::is_same_v<T, bool>,
                                         std::int32_t, T>;
-/// pmean of integers and bools gives float32.
+/// pmean of integers and bools gives float32, of complex values their complex type.
 template <reduction K, class T>
-using reduction_result_t =
-    std::conditional_t<K == reduction::mean && !std::is_floating_point_v<T>, float, accumulate_t<K, T>>;
+using reduction_result_t = std::conditional_t<K == reduction::mean, inexact_t<T>, accumulate_t<K, T>>;
 
 /// The value of a reduction from its result and pmean's divisor, typed for leaf X.
 template <reduction K, bool Grouped, class X, class... Names, class Sum>
@@ -125,7 +124,8 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
         for (T& v : a) v = wrapping_multiply(v, static_cast<T>(size));
         return a;
       } else if constexpr (K == reduction::mean) {
-        return xt::xarray<reduction_result_t<K, V>>(xt::cast<reduction_result_t<K, V>>(a) / count);
+        using R = reduction_result_t<K, V>;
+        return xt::xarray<R>(xt::cast<R>(a) / static_cast<R>(count));
       } else {
         return a;
       }

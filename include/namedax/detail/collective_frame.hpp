@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <complex>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -36,11 +35,6 @@ struct named_axis {
   std::size_t slot;   // its trailing payload dimension, after the positional ones (vectorized axes)
   std::size_t index;  // this device's index (device axes)
 };
-
-template <class T>
-inline constexpr bool is_complex_v = false;
-template <class T>
-inline constexpr bool is_complex_v<std::complex<T>> = true;
 
 /// The element type in JAX's spelling, for signatures and messages: every type its own name
 /// (int8 and int16 must not meet in one exchange as one "int").

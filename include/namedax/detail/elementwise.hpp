@@ -70,6 +70,21 @@ struct signbit_fun {
   }
 };
 
+/// jnp.clip: minimum(maximum(v, lo), hi), so that hi wins when lo > hi (xtensor's clip tests
+/// lo first and gives lo there); a NaN in v stays NaN.
+struct clip_fun {
+  template <class V, class L, class H>
+  constexpr auto operator()(const V& v, const L& lo, const H& hi) const {
+    const auto at_least_lo = xtl::select(v < lo, lo, v);
+    return xtl::select(hi < at_least_lo, hi, at_least_lo);
+  }
+  template <class V, class L, class H>
+  constexpr auto simd_apply(const V& v, const L& lo, const H& hi) const {
+    const auto at_least_lo = xt_simd::select(v < lo, lo, v);
+    return xt_simd::select(hi < at_least_lo, hi, at_least_lo);
+  }
+};
+
 /// The logistic function 1 / (1 + exp(-x)), jax.nn.sigmoid, computed from exp(-|x|) so that no
 /// intermediate overflows: 1 / (1 + e) for x >= 0 and e / (1 + e) below. Floating-point inputs
 /// keep their type; integers and bool give double, as std::exp does.

@@ -43,9 +43,6 @@ using sum_accumulate_t =
     std::conditional_t<std::is_same_v<T, bool>, std::int32_t,
                        std::conditional_t<std::is_integral_v<T> && (sizeof(T) < 4),
                                           std::conditional_t<std::is_signed_v<T>, std::int32_t, std::uint32_t>, T>>;
-/// The type of mean, logsumexp, softmax and log_softmax: integers and bool give float32.
-template <class T>
-using inexact_t = std::conditional_t<std::is_floating_point_v<T>, T, float>;
 
 /// Dims as given to a reduction: a list (negative from the end), or every positional dim.
 struct dim_list {

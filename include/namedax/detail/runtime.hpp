@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <complex>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -33,16 +35,34 @@ using groups_t = std::vector<std::vector<int>>;
 
 /// How a process transport combines elements, and what it combines.
 enum class fold_kind { sum, max, min };
-enum class element_kind { boolean, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64 };
+enum class element_kind {
+  boolean, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64, complex64, complex128
+};
+
+template <class T>
+inline constexpr bool is_complex_v = false;
+template <class T>
+inline constexpr bool is_complex_v<std::complex<T>> = true;
+
+/// The element type of a mean (pmean, namedax::mean, softmax, ...): integers and bool give
+/// float32, floating and complex types keep theirs, as in JAX.
+template <class T>
+using inexact_t = std::conditional_t<std::is_floating_point_v<T> || is_complex_v<T>, T, float>;
 
 template <class T>
 constexpr element_kind element_kind_of() {
+  constexpr std::size_t n = sizeof(T);
   if constexpr (std::is_same_v<T, bool>) return element_kind::boolean;
-  else if constexpr (std::is_floating_point_v<T>) return sizeof(T) == 4 ? element_kind::float32 : element_kind::float64;
+  else if constexpr (std::is_same_v<T, float>) return element_kind::float32;
+  else if constexpr (std::is_same_v<T, double>) return element_kind::float64;
+  else if constexpr (std::is_same_v<T, std::complex<float>>) return element_kind::complex64;
+  else if constexpr (std::is_same_v<T, std::complex<double>>) return element_kind::complex128;
+  else if constexpr (!std::is_integral_v<T> || n > 8)
+    static_assert(always_false<T>, "namedax: elements are bool, integers, float, double or their std::complex");
   else if constexpr (std::is_signed_v<T>)
-    return sizeof(T) == 1 ? element_kind::int8 : sizeof(T) == 2 ? element_kind::int16 : sizeof(T) == 4 ? element_kind::int32 : element_kind::int64;
+    return n == 1 ? element_kind::int8 : n == 2 ? element_kind::int16 : n == 4 ? element_kind::int32 : element_kind::int64;
   else
-    return sizeof(T) == 1 ? element_kind::uint8 : sizeof(T) == 2 ? element_kind::uint16 : sizeof(T) == 4 ? element_kind::uint32 : element_kind::uint64;
+    return n == 1 ? element_kind::uint8 : n == 2 ? element_kind::uint16 : n == 4 ? element_kind::uint32 : element_kind::uint64;
 }
 
 /// The processes (MPI ranks) that differ along some process axes, reached by one
