@@ -25,9 +25,10 @@
 
 namespace namedax::mpi {
 
+namespace detail {
 /// The MPI datatype of an element kind.
-inline MPI_Datatype datatype_of(detail::element_kind kind) {
-  using detail::element_kind;
+inline MPI_Datatype datatype_of(namedax::detail::element_kind kind) {
+  using namedax::detail::element_kind;
   switch (kind) {
     case element_kind::boolean: return MPI_C_BOOL;
     case element_kind::int8: return MPI_INT8_T;
@@ -45,12 +46,13 @@ inline MPI_Datatype datatype_of(detail::element_kind kind) {
   }
   return MPI_DATATYPE_NULL;
 }
+}  // namespace detail
 
 /// The MPI datatype of an element type (bool, signed and unsigned integers, float, double,
 /// std::complex of float and double).
 template <class T>
 MPI_Datatype datatype() {
-  return datatype_of(detail::element_kind_of<T>());
+  return detail::datatype_of(namedax::detail::element_kind_of<T>());
 }
 
 namespace detail {
