@@ -10,25 +10,38 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j2
 (cd build && ctest --output-on-failure -j2 --timeout 600)
 
-# deploy: install into a fresh prefix inside the build tree, then build and run a consumer
-# project that finds namedax there with find_package(namedax 0.1 REQUIRED).
-prefix="$PWD/build/deploy/prefix"
-rm -rf "$prefix"
-cmake --install build --prefix "$prefix" >/dev/null
-cmake -S tests/consumer -B build/deploy/consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
-cmake --build build/deploy/consumer
-build/deploy/consumer/namedax_consumer
-# The same consumer with the separately compiled part: find_package(namedax COMPONENTS separate).
-cmake -S tests/consumer -B build/deploy/consumer_separate -DCMAKE_PREFIX_PATH="$prefix" -DNAMEDAX_CONSUMER_SEPARATE=ON >/dev/null
-cmake --build build/deploy/consumer_separate
-build/deploy/consumer_separate/namedax_consumer
+# deploy, exactly as docs/install.md section 1 shows it: configure a fresh build tree from the
+# source tree with the documented flags, install it into a fresh prefix with no build step in
+# between (the install builds the library of namedax::compiled itself), then build and run a
+# consumer project that finds namedax there with find_package(namedax 0.1 REQUIRED), header-only
+# and linking namedax::compiled.
+deploy=build/deploy
+rm -rf "$deploy"
+prefix="$PWD/$deploy/prefix"
+cmake -S . -B "$deploy/source" -DNAMEDAX_BUILD_TESTS=OFF -DNAMEDAX_BUILD_EXAMPLES=OFF >/dev/null
+cmake --install "$deploy/source" --prefix "$prefix" >/dev/null
+cmake -S tests/consumer -B "$deploy/consumer" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$deploy/consumer"
+"$deploy/consumer/namedax_consumer"
+cmake -S tests/consumer -B "$deploy/consumer_compiled" -DCMAKE_PREFIX_PATH="$prefix" -DNAMEDAX_CONSUMER_COMPILED=ON >/dev/null
+cmake --build "$deploy/consumer_compiled"
+"$deploy/consumer_compiled/namedax_consumer"
+# install.md quotes the consumer's CMakeLists.txt from cmake_minimum_required on: the same text.
+quoted=$(awk '/^```cmake$/ { block = "" ; inside = 1 ; next }
+              /^```$/ && inside { inside = 0 ; if (block ~ /^cmake_minimum_required.*project\(namedax_consumer /) print block ; next }
+              inside { block = block $0 "\n" }' docs/install.md)
+actual=$(sed -n '/^cmake_minimum_required/,$p' tests/consumer/CMakeLists.txt)
+if [ "$quoted" != "$actual" ]; then
+  echo "docs/install.md quotes tests/consumer/CMakeLists.txt differently from the file" >&2
+  exit 1
+fi
 # The MPI component, where namedax was built with it: find_package(namedax COMPONENTS mpi).
 if [ -f "$prefix/share/cmake/namedax/namedaxMpiTargets.cmake" ]; then
-  cmake -S tests/mpi/consumer -B build/deploy/mpi_consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
-  cmake --build build/deploy/mpi_consumer
+  cmake -S tests/mpi/consumer -B "$deploy/mpi_consumer" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build "$deploy/mpi_consumer"
   mpirun_flags=(--oversubscribe --bind-to none --mca btl self,vader)
   [ "$(id -u)" -eq 0 ] && mpirun_flags+=(--allow-run-as-root)
-  timeout 300 mpirun "${mpirun_flags[@]}" -np 2 build/deploy/mpi_consumer/namedax_mpi_consumer  # a hang fails the run
+  timeout 300 mpirun "${mpirun_flags[@]}" -np 2 "$deploy/mpi_consumer/namedax_mpi_consumer"  # a hang fails the run
 fi
 # The same program, built with the flags of the installed namedax.pc.
 if command -v pkg-config >/dev/null; then
@@ -37,8 +50,8 @@ if command -v pkg-config >/dev/null; then
   libs=$(pkg-config --libs namedax)
   read -r -a cflags <<<"$cflags"
   read -r -a libs <<<"$libs"
-  "${CXX:-c++}" "${cflags[@]}" tests/consumer/main.cpp -o build/deploy/consumer_pkg_config "${libs[@]}"
-  build/deploy/consumer_pkg_config
+  "${CXX:-c++}" "${cflags[@]}" tests/consumer/main.cpp -o "$deploy/consumer_pkg_config" "${libs[@]}"
+  "$deploy/consumer_pkg_config"
 fi
 
 # compile-fail under clang++: a second configuration that registers only those tests.

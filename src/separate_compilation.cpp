@@ -1,3 +1,3 @@
 // SPDX-License-Identifier: MIT
-// The source of the namedax::separate library (see <namedax/separate_compilation.hpp>).
+// The source of the namedax::compiled library (see <namedax/separate_compilation.hpp>).
 #include <namedax/separate_compilation.hpp>

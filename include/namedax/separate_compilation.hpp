@@ -2,7 +2,7 @@
 // The separately compiled part of namedax: include this header in exactly one source file of
 // a program whose every unit is compiled with NAMEDAX_SEPARATE_COMPILATION defined.
 //
-//   // namedax.cpp, the whole of it (the CMake target namedax::separate compiles it for you)
+//   // namedax.cpp, the whole of it (the CMake target namedax::compiled compiles it for you)
 //   #include <namedax/separate_compilation.hpp>
 //
 // Header-only use (the default) needs no such file. With NAMEDAX_SEPARATE_COMPILATION, the
