@@ -62,6 +62,15 @@ static_assert(namedax::DeferredValue<decltype(namedax::axis_index("i"_ax))>);
 static_assert(namedax::DeferredValue<decltype(namedax::axis_index("i"_ax) + 1)>);
 static_assert(namedax::NamedValue<decltype(namedax::axis_index("i"_ax) + std::declval<along_j>())>);
 static_assert(decltype(namedax::axis_index("i"_ax) + std::declval<along_j>())::varying == 0b011);
+// A value computed from axis_index alone names its element type, its names and which of them
+// it varies along, not the operations that made it: a ring's step index has axis_index's
+// type, and a collective over another name only adds that name.
+using index_i = decltype(namedax::axis_index("i"_ax));
+static_assert(std::is_same_v<decltype((namedax::axis_index("i"_ax) - 1 + 4) % 4 * 2), index_i>);
+static_assert(std::is_same_v<decltype(namedax::psum((namedax::axis_index("i"_ax) + 1) * 3, "j"_ax)),
+                             namedax::deferred<std::int32_t, 0b01, namedax::axis<"i">, namedax::axis<"j">>>);
+static_assert(std::is_same_v<decltype(namedax::psum(namedax::axis_index("i"_ax), "i"_ax) * 2),
+                             namedax::deferred<std::int32_t, 0b0, namedax::axis<"i">>>);
 }  // namespace
 
 int main() {

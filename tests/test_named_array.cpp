@@ -64,6 +64,34 @@ TEST_SUITE("named values") {
     CHECK_BITWISE(namedax::pmap<"i">(f)(x), expected);
   }
 
+  TEST_CASE("a value computed from axis_index alone, over two names in every mix of placements") {
+    // Computed where it is written, for every index of both names, then resolved where it
+    // meets x: the device's index along a device axis, a vectorized dim along a vmap axis.
+    xt::xarray<int> x = xt::zeros<int>({2, 3});
+    auto f = [](auto x) {
+      auto ij = namedax::axis_index(namedax::axes("i"_ax, "j"_ax));  // i * 3 + j
+      auto step = (ij * 5 - 1 + 6) % 6;                                // a ring's step, 0..5
+      auto j_total = namedax::psum(namedax::axis_index("j"_ax), "j"_ax);  // 0 + 1 + 2, along i too
+      return namedax::eval(x + step * 10 + j_total);
+    };
+    xt::xarray<int> expected = xt::zeros<int>({2, 3});
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 3; ++j) expected(i, j) = ((i * 3 + j) * 5 + 5) % 6 * 10 + 3;
+    auto vv = namedax::vmap<"i">(namedax::vmap<"j">(f));
+    auto pv = namedax::pmap<"i">(namedax::vmap<"j">(f));
+    auto vp = namedax::vmap<"i">(namedax::pmap<"j">(f));
+    auto pp = namedax::pmap<"i">(namedax::pmap<"j">(f));
+    CHECK_BITWISE(vv(x), expected);
+    CHECK_BITWISE(pv(x), expected);
+    CHECK_BITWISE(vp(x), expected);
+    CHECK_BITWISE(pp(x), expected);
+    // Returned from the maps on its own, it is stacked like any result.
+    auto alone = [](auto) { return (namedax::axis_index(namedax::axes("i"_ax, "j"_ax)) * 5 - 1 + 6) % 6; };
+    xt::xarray<int> steps = (expected - 3) / 10;
+    CHECK_BITWISE(namedax::pmap<"i">(namedax::vmap<"j">(alone))(x), steps);
+    CHECK_BITWISE(namedax::vmap<"i">(namedax::pmap<"j">(alone))(x), steps);
+  }
+
   TEST_CASE("a lazy expression outlives the locals it was built from") {
     xt::xarray<double> x = xt::arange<double>(5);
     auto f = [](auto x) {

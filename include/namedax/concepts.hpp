@@ -15,8 +15,8 @@ namespace namedax {
 
 template <class E, class Env, axis_mask Varying>
 class named;
-template <class Fn, class... Names>
-struct deferred;
+template <class T, axis_mask Varying, class... Names>
+class deferred;
 struct axis_index_fn;
 
 namespace detail {
@@ -26,8 +26,8 @@ template <class E, class Env, axis_mask V>
 inline constexpr bool is_named<named<E, Env, V>> = true;
 template <class T>
 inline constexpr bool is_deferred = false;
-template <class Fn, class... Names>
-inline constexpr bool is_deferred<deferred<Fn, Names...>> = true;
+template <class T, axis_mask Varying, class... Names>
+inline constexpr bool is_deferred<deferred<T, Varying, Names...>> = true;
 
 // Named so that a failing static_assert prints the environment and the mask.
 template <class Env, axis_mask Varying>

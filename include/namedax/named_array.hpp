@@ -4,6 +4,7 @@
 #pragma once
 
 #include <namedax/concepts.hpp>
+#include <namedax/detail/deferred.hpp>
 #include <namedax/detail/evaluate.hpp>
 #include <namedax/detail/kernels.hpp>
 #include <namedax/detail/pytree.hpp>
@@ -221,41 +222,12 @@ decltype(auto) resolve_in(const X& x) {
   else return (x);
 }
 
-template <class... Lists>
-struct type_list_cat;
-template <class... Ns>
-struct type_list_cat<type_list<Ns...>> {
-  using type = type_list<Ns...>;
-};
-template <class... A, class... B, class... Rest>
-struct type_list_cat<type_list<A...>, type_list<B...>, Rest...> : type_list_cat<type_list<A..., B...>, Rest...> {};
-
-/// The axis names a deferred operand waits for; none for other operands.
-template <class X>
-struct names_awaited {
-  using type = type_list<>;
-};
-template <class Fn, class... Names>
-struct names_awaited<deferred<Fn, Names...>> {
-  using type = type_list<Names...>;
-};
-template <class... Xs>
-using names_awaited_t = typename type_list_cat<type_list<>, typename names_awaited<std::remove_cvref_t<Xs>>::type...>::type;
-
-template <class Fn, class List>
-struct deferred_from;
-template <class Fn, class... Names>
-struct deferred_from<Fn, type_list<Names...>> {
-  using type = deferred<Fn, Names...>;
-};
-
-/// An operation on a deferred operand x that also awaits `Names`: a value that waits for
-/// its environment, then computes `then(x resolved in it)`.
+/// An operation on a deferred operand x that also awaits `Names`: computed now, in the table
+/// environment of every name awaited, as `then(x resolved in it)`.
 template <class X, class... Names, class Then>
 auto defer_with(const X& x, type_list<Names...>, Then then) {
-  auto later = [x, then]<class Env>(Env) { return then(x.template resolve<Env>()); };
-  using awaited = typename type_list_cat<names_awaited_t<X>, type_list<Names...>>::type;
-  return typename deferred_from<decltype(later), awaited>::type{later};
+  using names = typename unique_list<typename type_list_cat<names_awaited_t<X>, type_list<Names...>>::type>::type;
+  return to_deferred(names{}, then(x.template resolve<typename table_env<names>::type>()));
 }
 
 /// Checks that the broadcast of a new elementwise node's operands can be counted, naming
@@ -289,9 +261,7 @@ auto when_resolved(Op op, const Xs&... xs) {
       using Env = typename merged_env<env<>, Xs...>::type;
       return op(resolve_in<Env>(xs)...);
     } else {
-      auto later = [op, xs...]<class Env>(Env) { return op(resolve_in<Env>(xs)...); };
-      using names = names_awaited_t<Xs...>;
-      return typename deferred_from<decltype(later), names>::type{later};
+      return compute_deferred(op, xs...);
     }
   } else {
     return op(xs...);
@@ -328,15 +298,19 @@ auto elementwise(Fn fn, const Xs&... xs) {
 }  // namespace detail
 
 /// A value that becomes a named value once the axis environment is known: it meets a mapped
-/// value, or it is returned from a map. `axis_index` makes one.
-template <class Fn, class... Names>
-struct deferred {
-  Fn fn;
+/// value, or it is returned from a map. `axis_index` makes one. It holds a table of its
+/// elements for every index of the names it awaits (see detail/deferred.hpp), so its type is
+/// its element type `T`, the names, and which of them it varies along (bit k: the k-th name).
+template <class T, axis_mask Varying, class... Names>
+class deferred {
+ public:
+  explicit deferred(detail::shared_array<T> table) : table_(std::move(table)) {}
 
+  /// This value as a named value of `Env`, which must bind every name it awaits.
   template <class Env>
   auto resolve() const {
     detail::require_bound<axis_index_fn, Env, Names...>();
-    return fn(Env{});
+    return detail::resolve_table<Env, Varying, Names...>(table_);
   }
 
   /// SPMD control flow on device axes: `if (namedax::axis_index("i"_ax) == 0)` under pmap.
@@ -350,10 +324,12 @@ struct deferred {
                          "\") is many values under vmap; use namedax::where, or map the axis with pmap");
         }(),
         ...);
-    return static_cast<bool>(fn(env<binding<Names, placement::devices>...>{}).value());
+    return static_cast<bool>(resolve<env<binding<Names, placement::devices>...>>().value());
   }
-};
 
+ private:
+  detail::shared_array<T> table_;  // positional dims, then one per name (size 1 where it does not vary)
+};
 
 namespace detail {
 template <class E>

@@ -212,32 +212,7 @@ template <std::size_t P, class... Names>
 auto axis_index_value(const axis_list<P, Names...>&) {
   static_assert(P == 0, "namedax::axis_index: takes axis names only, no positional axes");
   static_assert(sizeof...(Names) > 0, "namedax::axis_index: give at least one axis name");
-  auto resolve = []<class Env>(Env) {
-    constexpr std::string_view verb = "axis_index";
-    std::array<std::size_t, Env::vectorized_count> shape;
-    shape.fill(1);
-    std::array<std::size_t, sizeof...(Names)> sizes{bound_frame(verb, Names::name).size...};
-    std::array<int, sizeof...(Names)> env_index{Env::index_of(Names::name)...};
-    for (std::size_t k = 0; k < sizes.size(); ++k)
-      if (Env::places[env_index[k]] == placement::vectorized) shape[Env::vectorized_slot(env_index[k])] = sizes[k];
-    xt::xarray<std::int32_t> index = xt::xarray<std::int32_t>::from_shape(shape);
-    // Element strides of the contiguous result, to find each element's coordinates.
-    std::array<std::size_t, Env::vectorized_count> strides;
-    for (std::size_t k = shape.size(), s = 1; k-- > 0;) strides[k] = s, s *= shape[k];
-    for (std::size_t flat = 0; flat < index.size(); ++flat) {
-      std::int64_t value = 0;
-      for (std::size_t k = 0; k < sizes.size(); ++k) {
-        const auto e = static_cast<std::size_t>(env_index[k]);
-        std::size_t coordinate = Env::places[e] == placement::devices ? bound_frame(verb, Env::names[e]).index
-                                                                       : (flat / strides[Env::vectorized_slot(e)]) % sizes[k];
-        value = value * static_cast<std::int64_t>(sizes[k]) + static_cast<std::int64_t>(coordinate);
-      }
-      index.data()[flat] = static_cast<std::int32_t>(value);
-    }
-    return make_named<shared_array<std::int32_t>, Env, Env::template mask_of<Names...>()>(
-        share_array<std::int32_t>(std::move(index)));
-  };
-  return deferred<decltype(resolve), Names...>{resolve};
+  return index_table<Names...>();
 }
 
 /// pvary on one leaf: the same payload, its type now varying along `Names` too. A vectorized
