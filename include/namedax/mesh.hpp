@@ -18,11 +18,13 @@ struct mesh_axis {
   static constexpr placement place = P;
   std::size_t size;
 
-  /// The map that binds this axis around `f` (vmap or pmap), as shard_map nests them.
+  /// The map that binds this axis around `f` (vmap or pmap), as shard_map nests them. Its
+  /// binding records the mesh, so that a name missing inside `f` is reported as missing from
+  /// the mesh.
   template <class F, class InAxes, class OutAxes>
   auto map(F f, const InAxes& in_axes, const OutAxes& out_axes) const {
-    if constexpr (P == placement::vectorized) return vmap<Name>(std::move(f), in_axes, out_axes, size);
-    else return pmap<Name>(std::move(f), in_axes, out_axes, size);
+    return detail::mapped_function<binding<axis<Name>, P, dynamic_extent, bound_by::mesh>, F, InAxes, OutAxes>(
+        P == placement::vectorized ? "vmap" : "pmap", std::move(f), in_axes, out_axes, size);
   }
 };
 
@@ -70,7 +72,7 @@ class mesh {
 
  public:
   /// The axes as the maps bind them, outermost first.
-  using env_type = env<binding<typename Axes::axis_type, Axes::place>...>;
+  using env_type = env<binding<typename Axes::axis_type, Axes::place, dynamic_extent, bound_by::mesh>...>;
   static constexpr std::size_t rank = sizeof...(Axes);
 
   constexpr explicit mesh(Axes... axes) : axes_(axes...) {

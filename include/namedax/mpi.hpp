@@ -654,6 +654,24 @@ class environment {
   bool owns_ = false;
 };
 
+namespace detail {
+/// mpi::pmap with its binding: mpi::pmap's own, or a process axis of a shard_map's mesh.
+template <class Binding, class F, class InAxes, class OutAxes>
+auto process_map(F f, InAxes in_axes, OutAxes out_axes, std::size_t axis_size) {
+  return [f = std::move(f), in_axes, out_axes, axis_size](const auto&... args) {
+    auto grid = enclosing_grid(Binding::axis_type::name);
+    // A check of this process's own arguments that fails throws before the map's first
+    // agreement: the others learn of it there, instead of waiting for this process.
+    try {
+      return namedax::detail::call_map<Binding, true>("mpi::pmap", f, in_axes, out_axes, axis_size, grid.get(), args...);
+    } catch (...) {
+      grid->raise_everywhere(std::current_exception());
+      throw;  // not reached (raise_everywhere rethrows); GCC does not see [[noreturn]] through the virtual call
+    }
+  };
+}
+}  // namespace detail
+
 /// Maps `f` over axis `Name` with one MPI process per index: JAX's pmap, with each rank as
 /// one device. Every process calls the returned function. Mapped arguments are either the
 /// whole arrays (their extent along in_axes is the axis size; process i takes slice i, and
@@ -664,18 +682,8 @@ class environment {
 ///   namedax::mpi::pmap<"i">([](auto x) { return namedax::psum(x, "i"_ax); })(xt::arange<int>(4))  // {6, 6, 6, 6}
 template <fixed_string Name, std::size_t Extent = dynamic_extent, class F, class InAxes = int, class OutAxes = int>
 auto pmap(F f, InAxes in_axes = 0, OutAxes out_axes = 0, std::size_t axis_size = 0) {
-  return [f = std::move(f), in_axes, out_axes, axis_size](const auto&... args) {
-    auto grid = detail::enclosing_grid(Name.view());
-    // A check of this process's own arguments that fails throws before the map's first
-    // agreement: the others learn of it there, instead of waiting for this process.
-    try {
-      return namedax::detail::call_map<binding<axis<Name>, placement::devices, Extent>, true>(
-          "mpi::pmap", f, in_axes, out_axes, axis_size, grid.get(), args...);
-    } catch (...) {
-      grid->raise_everywhere(std::current_exception());
-      throw;  // not reached (raise_everywhere rethrows); GCC does not see [[noreturn]] through the virtual call
-    }
-  };
+  return detail::process_map<binding<axis<Name>, placement::devices, Extent>>(std::move(f), std::move(in_axes),
+                                                                              std::move(out_axes), axis_size);
 }
 
 /// A mesh axis of `size` MPI processes, one index per process, as mpi::pmap binds it:
@@ -690,9 +698,11 @@ struct process_axis {
   static constexpr bool on_processes = true;
   std::size_t size;
 
+  /// mpi::pmap over this axis, its binding recording the mesh (as mesh_axis::map's does).
   template <class F, class InAxes, class OutAxes>
   auto map(F f, const InAxes& in_axes, const OutAxes& out_axes) const {
-    return mpi::pmap<Name>(std::move(f), in_axes, out_axes, size);
+    return detail::process_map<binding<axis<Name>, placement::devices, dynamic_extent, bound_by::mesh>>(
+        std::move(f), in_axes, out_axes, size);
   }
 };
 template <fixed_string Name>

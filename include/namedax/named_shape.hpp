@@ -12,6 +12,7 @@
 #include <utility>
 #include <span>
 #include <string_view>
+#include <type_traits>
 
 namespace namedax {
 
@@ -23,12 +24,21 @@ enum class placement {
 
 inline constexpr std::size_t dynamic_extent = std::dynamic_extent;
 
+/// What binds an axis: a map (vmap, pmap, mpi::pmap), or shard_map for an axis of its mesh.
+/// Only the diagnostics read it: under shard_map, a name that is not bound is not an axis of
+/// the mesh, and the fix is in the mesh, not in a map around the function.
+enum class bound_by {
+  map,
+  mesh,
+};
+
 /// One axis bound by an enclosing map, with its placement and (optional) static size.
-template <Axis A, placement P, std::size_t Extent = dynamic_extent>
+template <Axis A, placement P, std::size_t Extent = dynamic_extent, bound_by By = bound_by::map>
 struct binding {
   using axis_type = canonical_axis_t<A>;
   static constexpr placement place = P;
   static constexpr std::size_t extent = Extent;
+  static constexpr bound_by by = By;
 };
 
 /// A set of names of an environment: bit k stands for the k-th binding.
@@ -53,6 +63,8 @@ struct env {
   static constexpr axis_mask vectorized_mask = mask_where(placement::vectorized);
   static constexpr axis_mask device_mask = mask_where(placement::devices);
   static constexpr std::size_t vectorized_count = std::popcount(vectorized_mask);
+  /// Whether the axes are (or begin with) the mesh of an enclosing shard_map.
+  static constexpr bool under_shard_map = ((Bindings::by == bound_by::mesh) || ... || false);
 
   /// Position of the binding named `name`, or -1.
   static constexpr int index_of(std::string_view name) {
@@ -151,6 +163,23 @@ struct axis_not_bound {
                 "function in namedax::vmap<\"name\"> or namedax::pmap<\"name\">, or fix the axis name");
 };
 
+namespace detail {
+// Named so that a failing static_assert prints the axis and the axes that are bound.
+template <class A, class... Bound>
+inline constexpr bool axis_is_bound = (same_axis<A, Bound> || ... || false);
+}  // namespace detail
+
+/// Instantiated when, inside the function given to shard_map, a collective names an axis that
+/// is not an axis of the mesh (nor bound by a map inside the function); the compiler prints
+/// this type: the collective, the axis, then the axes that are bound (the mesh's first).
+template <class Verb, Axis A, Axis... Bound>
+struct axis_not_in_mesh {
+  static_assert(detail::axis_is_bound<A, Bound...>,
+                "namedax::shard_map: the axis named in this collective is not an axis of the mesh of the enclosing "
+                "shard_map (axis_is_bound<axis, the mesh's axes...>); add the axis to the mesh, or name one of the "
+                "mesh's axes");
+};
+
 /// Instantiated when a map binds a name that an enclosing map already binds.
 template <Axis A>
 struct axis_bound_twice {
@@ -163,12 +192,22 @@ template <class A, class Env>
 concept BoundAxis = Axis<A> && (Env::index_of(std::remove_cvref_t<A>::name) >= 0);
 
 namespace detail {
+/// The type that reports axis `A` of collective `Verb` as not bound in `Env`: missing from the
+/// mesh under shard_map, else missing an enclosing map. Naming it instantiates nothing.
+template <class Verb, class Env, class A>
+struct unbound_axis;
+template <class Verb, class... Bindings, class A>
+struct unbound_axis<Verb, env<Bindings...>, A> {
+  using type = std::conditional_t<env<Bindings...>::under_shard_map,
+                                  axis_not_in_mesh<Verb, A, typename Bindings::axis_type...>, axis_not_bound<Verb, A>>;
+};
+
 /// Compile-time check that every name is bound in `Env`, reported per axis.
 template <class Verb, class Env, class... Names>
 constexpr void require_bound() {
   (
       [] {
-        if constexpr (!BoundAxis<Names, Env>) (void)sizeof(axis_not_bound<Verb, Names>);
+        if constexpr (!BoundAxis<Names, Env>) (void)sizeof(typename unbound_axis<Verb, Env, Names>::type);
       }(),
       ...);
 }

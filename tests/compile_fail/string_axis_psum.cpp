@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // An axis written as a string, as in JAX: names are types in namedax.
 // expect-error: namedax: axis names are types, written .?.i.?._ax
+// expect-one-error
 #include <namedax/namedax.hpp>
 
 int main() {

@@ -238,7 +238,8 @@ template <class Verb, reduction K>
 struct all_reduce_verb {
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes) const {
-    return reduce_tree<false>(x, to_axis_list(axes), std::nullopt);
+    if constexpr (!axis_argument_fits<X, A>()) return misnamed_axis_result<Verb>(x, axes);
+    else return reduce_tree<false>(x, to_axis_list(axes), std::nullopt);
   }
   /// `{}`: no groups, so the result does not vary along the axes (chosen over the overload
   /// below, which is a template in its last parameter, whenever both fit).
@@ -251,9 +252,13 @@ struct all_reduce_verb {
   template <class X, AxisArgument A, class Options = reduce_options>
     requires std::same_as<Options, reduce_options>
   auto operator()(const X& x, const A& axes, const Options& options) const {
-    std::optional<groups_t> groups;
-    if (!options.axis_index_groups.empty()) groups = options.axis_index_groups;
-    return reduce_tree<true>(x, to_axis_list(axes), groups);
+    if constexpr (!axis_argument_fits<X, A>()) {
+      return misnamed_axis_result<Verb>(x, axes);
+    } else {
+      std::optional<groups_t> groups;
+      if (!options.axis_index_groups.empty()) groups = options.axis_index_groups;
+      return reduce_tree<true>(x, to_axis_list(axes), groups);
+    }
   }
   /// Another collective's options: the first error line says which options these take.
   template <class X, AxisArgument A, class Options = detail::foreign_option_fields>

@@ -161,6 +161,38 @@ struct prefix_does_not_match_tree {
                 "stands for");
 };
 
+/// Whether `Prefix` is a prefix of a pytree of type `Tree` (as spread_prefix takes it): an
+/// entry that is not a node, or a node with as many children as the tree's node there, each
+/// a prefix of its child.
+template <class Tree, class Prefix>
+constexpr bool prefix_fits() {
+  if constexpr (!is_node<Prefix>) {
+    return true;
+  } else if constexpr (!is_node<Tree>) {
+    return false;
+  } else {
+    using parts = decltype(children(std::declval<const Tree&>()));
+    using entries = decltype(children(std::declval<const Prefix&>()));
+    if constexpr (std::tuple_size_v<parts> != std::tuple_size_v<entries>) {
+      return false;
+    } else {
+      return []<std::size_t... I>(std::index_sequence<I...>) {
+        return (prefix_fits<std::remove_cvref_t<std::tuple_element_t<I, parts>>,
+                            std::remove_cvref_t<std::tuple_element_t<I, entries>>>() &&
+                ...);
+      }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+    }
+  }
+}
+
+/// The number of entries of a prefix at its top: its children's if it is a node, else
+/// `Whole` (one entry stands for all of them).
+template <class Prefix, std::size_t Whole>
+constexpr std::size_t prefix_entries() {
+  if constexpr (is_node<Prefix>) return std::tuple_size_v<decltype(children(std::declval<const Prefix&>()))>;
+  else return Whole;
+}
+
 /// A prefix of a pytree of type `Tree` (JAX's in_axes and out_axes) spread to the leaves: a
 /// std::tuple with the entry of each leaf, in tree_leaves' order. An entry that is not a node
 /// holds for the whole subtree it stands for.

@@ -312,9 +312,10 @@ auto split_leaf(const Held& held_leaf, std::span<const std::size_t> mesh_sizes, 
   }
 }
 
-/// Runs shard_map: splits the argument leaves, runs the nested maps, and merges the results.
+/// Runs shard_map once its in_specs fit the arguments: splits the argument leaves, runs the
+/// nested maps, and merges the results.
 template <class F, class Mesh, class InSpecs, class OutSpecs, class... Args>
-auto call_shard_map(const F& f, const Mesh& m, const InSpecs& in_specs, const OutSpecs& out_specs, const Args&... args) {
+auto run_shard_map(const F& f, const Mesh& m, const InSpecs& in_specs, const OutSpecs& out_specs, const Args&... args) {
   using MeshEnv = typename Mesh::env_type;
   const std::tuple<const Args&...> arguments(args...);
   using specs_type = decltype(spread_prefix<std::tuple<Args...>>(in_specs));
@@ -349,13 +350,80 @@ auto call_shard_map(const F& f, const Mesh& m, const InSpecs& in_specs, const Ou
   // mapped by none, carries them when no argument does (a function of axis_index alone).
   static const xt::xarray<char> carrier = xt::xarray<char>::from_shape({});
   using specs_carried = decltype(std::tuple_cat(std::declval<specs_type>(), std::tuple<partition_spec<>>{}));
-  auto results = std::apply(nest_maps<0, specs_carried>(m, body, out_specs), std::tuple_cat(blocks, std::tie(carrier)));
+  // Called directly, not through std::apply, whose noexcept check would add its own layers to
+  // every diagnostic from inside the function.
+  const auto maps = nest_maps<0, specs_carried>(m, body, out_specs);
+  auto results = [&]<std::size_t... K>(std::index_sequence<K...>) {
+    return maps(std::get<K>(blocks)..., carrier);
+  }(std::make_index_sequence<count>{});
   using out_specs_type = decltype(spread_prefix<decltype(results)>(out_specs));
   auto result_leaves = tree_leaves(results);
   [&]<std::size_t... K>(std::index_sequence<K...>) {
     (merge_by_spec<std::tuple_element_t<K, out_specs_type>>(std::get<K>(result_leaves)), ...);
   }(std::make_index_sequence<std::tuple_size_v<out_specs_type>>{});
   return results;
+}
+
+// Named so that a failing static_assert prints the counts: in_specs' entries, then the
+// arguments.
+template <std::size_t Entries, std::size_t Arguments>
+inline constexpr bool in_specs_count_matches = Entries == Arguments;
+// Named so that a failing static_assert prints the argument whose entry does not fit it.
+template <std::size_t Argument, bool Fits>
+inline constexpr bool in_spec_fits_argument = Fits;
+
+/// The first argument whose in_specs entry is a node that does not fit the argument's
+/// structure, or the number of arguments if none.
+template <class InSpecs, class... Args>
+constexpr std::size_t first_misfit_argument() {
+  if constexpr (prefix_entries<InSpecs, sizeof...(Args)>() != sizeof...(Args) || !is_node<InSpecs>) {
+    return sizeof...(Args);
+  } else {
+    using entries = decltype(children(std::declval<const InSpecs&>()));
+    return []<std::size_t... K>(std::index_sequence<K...>) {
+      const bool fits[] = {prefix_fits<Args, std::remove_cvref_t<std::tuple_element_t<K, entries>>>()..., false};
+      std::size_t k = 0;
+      while (fits[k]) ++k;
+      return k;
+    }(std::index_sequence_for<Args...>{});
+  }
+}
+
+/// What a shard_map call returns when its specs fail a check: it converts to anything, so that
+/// the caller's use of the result reports nothing more than that check.
+struct unchecked_result {
+  template <class T>
+  operator T() const;  // never defined: the program does not compile
+};
+
+/// The checks of in_specs against the arguments, each a template of the counts or the
+/// argument, so that both compilers print them in the diagnostic.
+template <std::size_t Entries, std::size_t Arguments>
+auto check_in_specs_count() {
+  static_assert(in_specs_count_matches<Entries, Arguments>,
+                "namedax::shard_map: in_specs has a different number of entries than the function takes arguments "
+                "(the counts: in_specs_count_matches<entries, arguments>); give one spec per argument, or one spec "
+                "for all of them");
+  return unchecked_result{};
+}
+template <std::size_t Argument>
+auto check_in_spec_fits_argument() {
+  static_assert(in_spec_fits_argument<Argument, false>,
+                "namedax::shard_map: the in_specs entry of an argument (in_spec_fits_argument<argument, ...>) is a "
+                "node that does not match the argument's structure; give the argument one spec, or a node with one "
+                "entry per child of the argument");
+  return unchecked_result{};
+}
+
+/// Runs shard_map once in_specs fit the arguments; a mistake in them is the only error
+/// reported.
+template <class F, class Mesh, class InSpecs, class OutSpecs, class... Args>
+auto call_shard_map(const F& f, const Mesh& m, const InSpecs& in_specs, const OutSpecs& out_specs, const Args&... args) {
+  constexpr std::size_t entries = prefix_entries<InSpecs, sizeof...(Args)>();
+  constexpr std::size_t misfit = first_misfit_argument<InSpecs, Args...>();
+  if constexpr (entries != sizeof...(Args)) return check_in_specs_count<entries, sizeof...(Args)>();
+  else if constexpr (misfit < sizeof...(Args)) return check_in_spec_fits_argument<misfit>();
+  else return run_shard_map(f, m, in_specs, out_specs, args...);
 }
 
 }  // namespace detail
