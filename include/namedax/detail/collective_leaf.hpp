@@ -22,10 +22,19 @@
 
 namespace namedax::detail {
 
-/// The positional axes of a collective (negative from the end) as dims of a value of
-/// positional rank `rank`, checked for range and repetition.
-NAMEDAX_DECL std::vector<std::size_t> canonical_positional(std::string_view verb, std::span<const int> positional,
-                                                           std::size_t rank);
+inline std::vector<std::size_t> canonical_positional(std::string_view verb, std::span<const int> positional,
+                                                     std::size_t rank) {
+  std::vector<std::size_t> dims;
+  for (int p : positional) {
+    int d = p < 0 ? p + static_cast<int>(rank) : p;
+    if (d < 0 || d >= static_cast<int>(rank))
+      fail("namedax::", verb, ": positional axis ", p, " is out of range for a value of positional rank ", rank);
+    if (std::find(dims.begin(), dims.end(), static_cast<std::size_t>(d)) != dims.end())
+      fail("namedax::", verb, ": positional axis ", p, " is given twice");
+    dims.push_back(static_cast<std::size_t>(d));
+  }
+  return dims;
+}
 
 /// The named axes of a collective on x, in the order given, as the rules need them.
 template <class X, class... Names>
@@ -78,7 +87,7 @@ struct foreign_option_fields {
 template <class Options, class... Accepted>
 concept ForeignOptions = (!std::convertible_to<const Options&, Accepted> && ...);
 
-/// Runs a collective's rule on one leaf: a deferred value's on its table, at once; a named
+/// Runs a collective's rule on one leaf: a deferred value waits for its environment, a named
 /// value's names are checked at compile time and its payload read where it lies. `Sums`
 /// makes bool add up as int32; `Invariant` says the result is the same along the names.
 template <class Verb, bool Invariant, bool Sums, class X, class... Names, class Rule>
@@ -205,21 +214,4 @@ template <class... Names>
 constexpr auto axis_list_of(const std::tuple<Names...>& names) {
   return std::apply([](const auto&... n) { return namedax::axes(n...); }, names);
 }
-
-#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
-NAMEDAX_DECL std::vector<std::size_t> canonical_positional(std::string_view verb, std::span<const int> positional,
-                                                           std::size_t rank) {
-  std::vector<std::size_t> dims;
-  for (int p : positional) {
-    int d = p < 0 ? p + static_cast<int>(rank) : p;
-    if (d < 0 || d >= static_cast<int>(rank))
-      fail("namedax::", verb, ": positional axis ", p, " is out of range for a value of positional rank ", rank);
-    if (std::find(dims.begin(), dims.end(), static_cast<std::size_t>(d)) != dims.end())
-      fail("namedax::", verb, ": positional axis ", p, " is given twice");
-    dims.push_back(static_cast<std::size_t>(d));
-  }
-  return dims;
-}
-#endif  // NAMEDAX_DEFINITIONS
-
 }  // namespace namedax::detail
