@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages namedax needs, when some are missing (as root, with apt-get).
 # OpenMPI is for the MPI backend's tests, example and benchmarks; the library builds without it.
+# GNU time and binutils measure the Debug builds' compiler memory and debug strings (scripts/test.sh).
 set -euo pipefail
 packages=(cmake make g++ clang pkgconf libxtensor-dev xtl-dev libxsimd-dev libboost-dev libtbb-dev libopenblas-dev doctest-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin time binutils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
