@@ -53,69 +53,24 @@ struct trace_recorder {
   std::string path;  // NAMEDAX_TRACE, where the trace is rewritten after each outermost pmap
 };
 
-inline trace_recorder& recorder() {
-  // Never destroyed: devices may record while static objects are torn down.
-  static trace_recorder* r = [] {
-    auto* fresh = new trace_recorder;
-    if (const char* path = std::getenv("NAMEDAX_TRACE"); path && *path) fresh->path = path, fresh->on = true;
-    return fresh;
-  }();
-  return *r;
-}
+/// The one recorder of the program, made on first use (on when NAMEDAX_TRACE names a file).
+NAMEDAX_DECL trace_recorder& recorder();
 
 /// Is a recorder on? The only cost of tracing when it is off.
 inline bool tracing() { return recorder().on.load(std::memory_order_relaxed); }
 
-inline double trace_clock_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - recorder().origin).count();
-}
+/// Microseconds since tracing started.
+NAMEDAX_DECL double trace_clock_us();
 
-inline void record(trace_event event) {
-  auto& r = recorder();
-  std::lock_guard guard(r.lock);
-  if (r.on) r.events.push_back(std::move(event));
-}
+/// Keeps `event`, if the recorder is on.
+NAMEDAX_DECL void record(trace_event event);
 
+/// Appends `text` as a JSON string.
 NAMEDAX_DECL void json_string(std::string& out, std::string_view text);
-NAMEDAX_DECL bool natural_less(std::string_view a, std::string_view b);
-
-#if NAMEDAX_DEFINITIONS
-NAMEDAX_DECL void json_string(std::string& out, std::string_view text) {
-  out += '"';
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\', out += c;
-    else if (static_cast<unsigned char>(c) < 0x20) out += message("\\u00", "0123456789abcdef"[(c >> 4) & 0xf], "0123456789abcdef"[c & 0xf]);
-    else out += c;
-  }
-  out += '"';
-}
-
 /// A time in microseconds, to the nanosecond, as JSON wants it (no exponent).
-NAMEDAX_DECL std::string microseconds(double us) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3f", us);
-  return text;
-}
-
+NAMEDAX_DECL std::string microseconds(double us);
 /// Device paths in natural order: "i=2" before "i=10".
-NAMEDAX_DECL bool natural_less(std::string_view a, std::string_view b) {
-  std::size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    if (std::isdigit(static_cast<unsigned char>(a[i])) && std::isdigit(static_cast<unsigned char>(b[j]))) {
-      std::size_t ei = i, ej = j;
-      while (ei < a.size() && std::isdigit(static_cast<unsigned char>(a[ei]))) ++ei;
-      while (ej < b.size() && std::isdigit(static_cast<unsigned char>(b[ej]))) ++ej;
-      if (ei - i != ej - j) return ei - i < ej - j;
-      if (auto c = a.substr(i, ei - i).compare(b.substr(j, ej - j)); c != 0) return c < 0;
-      i = ei, j = ej;
-    } else {
-      if (a[i] != b[j]) return a[i] < b[j];
-      ++i, ++j;
-    }
-  }
-  return a.size() - i < b.size() - j;
-}
-#endif
+NAMEDAX_DECL bool natural_less(std::string_view a, std::string_view b);
 
 /// After an outermost pmap: rewrite NAMEDAX_TRACE's file with everything recorded so far.
 NAMEDAX_DECL void flush_trace_file();
@@ -132,7 +87,61 @@ NAMEDAX_DECL std::string chrome_trace_json(std::span<const trace_event> events);
 /// Writes chrome_trace_json(events) to `path`.
 NAMEDAX_DECL void write_chrome_trace(const std::string& path, std::span<const trace_event> events);
 
-#if NAMEDAX_DEFINITIONS
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL detail::trace_recorder& detail::recorder() {
+  // Never destroyed: devices may record while static objects are torn down.
+  static trace_recorder* r = [] {
+    auto* fresh = new trace_recorder;
+    if (const char* path = std::getenv("NAMEDAX_TRACE"); path && *path) fresh->path = path, fresh->on = true;
+    return fresh;
+  }();
+  return *r;
+}
+
+NAMEDAX_DECL double detail::trace_clock_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - recorder().origin).count();
+}
+
+NAMEDAX_DECL void detail::record(trace_event event) {
+  auto& r = recorder();
+  std::lock_guard guard(r.lock);
+  if (r.on) r.events.push_back(std::move(event));
+}
+
+NAMEDAX_DECL void detail::json_string(std::string& out, std::string_view text) {
+  out += '"';
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\', out += c;
+    else if (static_cast<unsigned char>(c) < 0x20) out += message("\\u00", "0123456789abcdef"[(c >> 4) & 0xf], "0123456789abcdef"[c & 0xf]);
+    else out += c;
+  }
+  out += '"';
+}
+
+NAMEDAX_DECL std::string detail::microseconds(double us) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f", us);
+  return text;
+}
+
+NAMEDAX_DECL bool detail::natural_less(std::string_view a, std::string_view b) {
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (std::isdigit(static_cast<unsigned char>(a[i])) && std::isdigit(static_cast<unsigned char>(b[j]))) {
+      std::size_t ei = i, ej = j;
+      while (ei < a.size() && std::isdigit(static_cast<unsigned char>(a[ei]))) ++ei;
+      while (ej < b.size() && std::isdigit(static_cast<unsigned char>(b[ej]))) ++ej;
+      if (ei - i != ej - j) return ei - i < ej - j;
+      if (auto c = a.substr(i, ei - i).compare(b.substr(j, ej - j)); c != 0) return c < 0;
+      i = ei, j = ej;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i, ++j;
+    }
+  }
+  return a.size() - i < b.size() - j;
+}
+
 NAMEDAX_DECL void start_tracing() {
   auto& r = detail::recorder();
   std::lock_guard guard(r.lock);
@@ -211,6 +220,6 @@ NAMEDAX_DECL void detail::flush_trace_file() {
     std::fprintf(stderr, "%s (NAMEDAX_TRACE)\n", e.what());
   }
 }
-#endif
+#endif  // NAMEDAX_DEFINITIONS
 
 }  // namespace namedax

@@ -5,30 +5,19 @@
 #pragma once
 
 #include <namedax/detail/collective_frame.hpp>
+#include <namedax/detail/compilation.hpp>
 
 namespace namedax::detail {
 
 /// A positional axis in [0, count), negative counting from the end, or an error naming the verb.
-inline std::size_t positional_axis(std::string_view verb, std::string_view what, int axis, std::size_t count,
-                                   std::span<const named_axis> axes) {
-  const int d = axis < 0 ? axis + static_cast<int>(count) : axis;
-  if (d < 0 || d >= static_cast<int>(count))
-    fail("namedax::", verb, ": ", what, " ", axis, " is out of range for ", count, " positions (axis ",
-         describe_axes(axes), ")");
-  return static_cast<std::size_t>(d);
-}
+NAMEDAX_DECL std::size_t positional_axis(std::string_view verb, std::string_view what, int axis, std::size_t count,
+                                         std::span<const named_axis> axes);
 
 /// The length of one of `g` chunks of positional dim `dim` (named `what` = `axis` by the
 /// user): untiled, the dim must have exactly `g` elements; tiled, a multiple of `g` (the only
 /// multiple of 0, for a vmap axis of size 0, is 0: then chunks are empty).
-inline std::size_t chunk_length(std::string_view verb, std::string_view what, int axis, std::size_t size,
-                                std::size_t g, bool tiled, std::span<const named_axis> axes, bool grouped) {
-  const bool divisible = g == 0 ? size == 0 : size % g == 0;
-  if (tiled ? !divisible : size != g)
-    fail("namedax::", verb, ": the size of ", what, " ", axis, " (", size, ") must ", tiled ? "be divisible by" : "equal",
-         " the size of axis ", describe_axes(axes), " (", g, grouped ? " in each group" : "", ")");
-  return g == 0 ? 0 : size / g;
-}
+NAMEDAX_DECL std::size_t chunk_length(std::string_view verb, std::string_view what, int axis, std::size_t size,
+                                      std::size_t g, bool tiled, std::span<const named_axis> axes, bool grouped);
 
 /// A block without dimension `dim`, at index `index` along it.
 template <class T>
@@ -65,24 +54,15 @@ std::optional<strided_block<T>> members_as_block(const collective_frame<T>& fram
 }
 
 /// all_gather's options in the user's words, as its call's signature shows them.
-inline std::string_view gather_options(int axis, bool tiled) { return option_text(" at axis ", axis, tiled ? ", tiled" : ""); }
+NAMEDAX_DECL std::string_view gather_options(int axis, bool tiled);
 
 /// all_gather's positional output dims: dim `a` times `g` (tiled), or `g` inserted at `a`.
-inline dims_t gathered_positional(dims_t positional, std::size_t a, std::size_t g, bool tiled) {
-  if (tiled) positional[a] *= g;
-  else insert_dim(positional, a, g);
-  return positional;
-}
+NAMEDAX_DECL dims_t gathered_positional(dims_t positional, std::size_t a, std::size_t g, bool tiled);
 
 /// Where member k goes in an all_gather output of `out_shape` (row-major): at k * step, with
 /// the strides returned (untiled: without the gathered dim).
-inline std::pair<strides_t, std::ptrdiff_t> gathered_slots(std::span<const std::size_t> out_shape, std::size_t a,
-                                                           std::size_t tile, bool tiled) {
-  const auto out_strides = row_major_strides(out_shape);
-  strides_t slot_strides = out_strides;
-  if (!tiled) slot_strides.erase(slot_strides.begin() + static_cast<std::ptrdiff_t>(a));
-  return {std::move(slot_strides), static_cast<std::ptrdiff_t>(tile) * out_strides[a]};
-}
+NAMEDAX_DECL std::pair<strides_t, std::ptrdiff_t> gathered_slots(std::span<const std::size_t> out_shape, std::size_t a,
+                                                                 std::size_t tile, bool tiled);
 
 template <class T>
 xt::xarray<T> all_gather_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
@@ -121,6 +101,44 @@ xt::xarray<T> all_gather_rule(std::string_view verb, strided_block<T> in, std::s
   frame.release();
   return out;
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::size_t positional_axis(std::string_view verb, std::string_view what, int axis, std::size_t count,
+                                         std::span<const named_axis> axes) {
+  const int d = axis < 0 ? axis + static_cast<int>(count) : axis;
+  if (d < 0 || d >= static_cast<int>(count))
+    fail("namedax::", verb, ": ", what, " ", axis, " is out of range for ", count, " positions (axis ",
+         describe_axes(axes), ")");
+  return static_cast<std::size_t>(d);
+}
+
+NAMEDAX_DECL std::size_t chunk_length(std::string_view verb, std::string_view what, int axis, std::size_t size,
+                                      std::size_t g, bool tiled, std::span<const named_axis> axes, bool grouped) {
+  const bool divisible = g == 0 ? size == 0 : size % g == 0;
+  if (tiled ? !divisible : size != g)
+    fail("namedax::", verb, ": the size of ", what, " ", axis, " (", size, ") must ", tiled ? "be divisible by" : "equal",
+         " the size of axis ", describe_axes(axes), " (", g, grouped ? " in each group" : "", ")");
+  return g == 0 ? 0 : size / g;
+}
+
+NAMEDAX_DECL std::string_view gather_options(int axis, bool tiled) {
+  return option_text(" at axis ", axis, tiled ? ", tiled" : "");
+}
+
+NAMEDAX_DECL dims_t gathered_positional(dims_t positional, std::size_t a, std::size_t g, bool tiled) {
+  if (tiled) positional[a] *= g;
+  else insert_dim(positional, a, g);
+  return positional;
+}
+
+NAMEDAX_DECL std::pair<strides_t, std::ptrdiff_t> gathered_slots(std::span<const std::size_t> out_shape, std::size_t a,
+                                                                 std::size_t tile, bool tiled) {
+  const auto out_strides = row_major_strides(out_shape);
+  strides_t slot_strides = out_strides;
+  if (!tiled) slot_strides.erase(slot_strides.begin() + static_cast<std::ptrdiff_t>(a));
+  return {std::move(slot_strides), static_cast<std::ptrdiff_t>(tile) * out_strides[a]};
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 #ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
 #define NAMEDAX_INSTANTIATE(T)                                                                                              \

@@ -5,13 +5,12 @@
 #pragma once
 
 #include <namedax/detail/all_gather.hpp>
+#include <namedax/detail/compilation.hpp>
 
 namespace namedax::detail {
 
 /// all_to_all's options in the user's words, as its call's signature shows them.
-inline std::string_view split_options(int split_axis, int concat_axis, bool tiled) {
-  return option_text(" with split_axis ", split_axis, " and concat_axis ", concat_axis, tiled ? ", tiled" : "");
-}
+NAMEDAX_DECL std::string_view split_options(int split_axis, int concat_axis, bool tiled);
 
 /// Whether all_to_all moves no element: under vmap over one axis, untiled and without groups,
 /// of an operand of payload shape `shape` that holds every member along it (a value typed as
@@ -106,6 +105,12 @@ xt::xarray<T> all_to_all_rule(std::string_view verb, strided_block<T> in, std::s
   frame.release();
   return out;
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::string_view split_options(int split_axis, int concat_axis, bool tiled) {
+  return option_text(" with split_axis ", split_axis, " and concat_axis ", concat_axis, tiled ? ", tiled" : "");
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 #ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
 #define NAMEDAX_INSTANTIATE(T)                                                                                              \

@@ -7,6 +7,7 @@
 // IWYU pragma: private, include <namedax/async.hpp>
 
 #include <namedax/collectives.hpp>
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/ppermute.hpp>
 #include <namedax/detail/process_rules.hpp>
 #include <namedax/detail/rendezvous.hpp>
@@ -104,11 +105,7 @@ struct alignas(64) async_slot {
     if (sleepers.load(std::memory_order_seq_cst) > 0) wake_sleepers(state);
   }
   /// Done with call `sequence`: the slot serves call sequence + async_depth.
-  void pass_on(std::uint32_t sequence) {
-    block.reset();
-    state.store(pack(sequence + async_depth, free), std::memory_order_seq_cst);
-    wake();
-  }
+  void pass_on(std::uint32_t sequence);
 };
 
 /// The mailbox of one communicator: async_depth slots per receiver and lane, and per member
@@ -128,27 +125,14 @@ struct async_mailbox {
   std::unique_ptr<async_slot[]> slots;
   std::unique_ptr<member[]> members;
 
-  async_mailbox(const communicator& c, std::span<const named_axis> named, std::size_t lane_count)
-      : size(c.size), lanes(lane_count), paths(c.member_paths), axes(describe_axes(named)),
-        slots(new async_slot[c.size * async_depth * lane_count]), members(new member[c.size]) {
-    for (std::size_t k = 0; k < c.size * async_depth * lanes; ++k)
-      slots[k].state.store(async_slot::pack(static_cast<std::uint32_t>(k / lanes % async_depth), async_slot::free));
-  }
+  async_mailbox(const communicator& c, std::span<const named_axis> named, std::size_t lane_count);
   async_slot& slot(std::size_t receiver, std::uint32_t sequence, std::size_t lane = 0) {
     return slots[(receiver * async_depth + sequence % async_depth) * lanes + lane];
   }
 
   /// The shared_fold of leaf `leaf` of call `sequence`: made by the first member to ask,
   /// forgotten here once every member has taken it.
-  std::shared_ptr<shared_fold> take_fold(std::uint32_t sequence, std::size_t leaf) {
-    std::lock_guard lock(folds_lock_);
-    auto it = std::find_if(folds_.begin(), folds_.end(),
-                           [&](const fold_entry& e) { return e.sequence == sequence && e.leaf == leaf; });
-    if (it == folds_.end()) it = folds_.insert(folds_.end(), {sequence, leaf, 0, std::make_shared<shared_fold>()});
-    std::shared_ptr<shared_fold> fold = it->fold;
-    if (++it->taken == size) folds_.erase(it);
-    return fold;
-  }
+  std::shared_ptr<shared_fold> take_fold(std::uint32_t sequence, std::size_t leaf);
 
  private:
   struct fold_entry {
@@ -161,17 +145,9 @@ struct async_mailbox {
 };
 
 /// ppermute's mailbox of the communicator of `m`, made by the first member that needs it.
-inline async_mailbox& mailbox_of(const membership& m, std::span<const named_axis> axes) {
-  communicator& c = *m.comm;
-  std::call_once(c.mailbox_made, [&] { c.mailbox = std::make_shared<async_mailbox>(c, axes, 1); });
-  return *c.mailbox;
-}
+NAMEDAX_DECL async_mailbox& mailbox_of(const membership& m, std::span<const named_axis> axes);
 /// The mailbox with a lane per sender, for the collectives in which every member sends.
-inline async_mailbox& all_lanes_mailbox_of(const membership& m, std::span<const named_axis> axes) {
-  communicator& c = *m.comm;
-  std::call_once(c.all_lanes_mailbox_made, [&] { c.all_lanes_mailbox = std::make_shared<async_mailbox>(c, axes, c.size); });
-  return *c.all_lanes_mailbox;
-}
+NAMEDAX_DECL async_mailbox& all_lanes_mailbox_of(const membership& m, std::span<const named_axis> axes);
 
 /// Waits until `done(state)` holds for `slot`'s state, for the move of device `peer` (the
 /// sender whose block this device waits for, or the receiver that must first take an older
@@ -237,13 +213,7 @@ std::uint32_t wait_for_peer(world& w, async_slot& slot, Done done, std::string_v
 
 /// Poisons the world with `why` and makes it the error pmap reports, unless a device's own
 /// error came first (call without the world's lock).
-inline void report_in_world(world& w, const std::string& path, const std::string& why) {
-  std::lock_guard guard(w.lock);
-  if (!w.first_error || w.first_error_is_abort)
-    w.first_error = std::make_exception_ptr(collective_error(why)), w.first_error_is_abort = false,
-    w.error_note = message(" (on device ", path, ")");
-  w.poison(why);
-}
+NAMEDAX_DECL void report_in_world(world& w, const std::string& path, const std::string& why);
 
 /// This device's side of one asynchronous exchange it started: where its incoming block
 /// arrives (or that none does), until it takes the block or gives up on it. Move-only; a
@@ -253,26 +223,14 @@ class async_receipt {
   async_receipt() = default;
   async_receipt(std::shared_ptr<world> w, std::shared_ptr<async_mailbox> box, std::shared_ptr<device_record> device,
                 std::size_t rank, std::uint32_t sequence, long source, std::uint64_t fingerprint, std::string_view verb,
-                std::size_t lane = 0)
-      : world_(std::move(w)), box_(std::move(box)), device_(std::move(device)), rank_(rank), sequence_(sequence),
-        source_(source), fingerprint_(fingerprint), verb_(verb), lane_(lane) {
-    ++box_->members[rank_].in_flight[sequence_ % async_depth];
-  }
+                std::size_t lane = 0);
   async_receipt(async_receipt&& other) noexcept { *this = std::move(other); }
-  async_receipt& operator=(async_receipt&& other) noexcept {
-    if (this != &other) {
-      cancel();
-      world_ = std::move(other.world_), box_ = std::move(other.box_), device_ = std::move(other.device_);
-      rank_ = other.rank_, sequence_ = other.sequence_, source_ = other.source_, fingerprint_ = other.fingerprint_;
-      verb_ = other.verb_, lane_ = other.lane_;
-    }
-    return *this;
-  }
+  async_receipt& operator=(async_receipt&& other) noexcept;
   ~async_receipt() { cancel(); }
 
   [[nodiscard]] bool active() const { return box_ != nullptr; }
   /// "namedax::async::ppermute over ('i',)".
-  [[nodiscard]] std::string what() const { return message("namedax::", verb_, " over ", box_->axes); }
+  [[nodiscard]] std::string what() const;
   [[nodiscard]] const std::string& device_path() const { return device_->path; }
   [[nodiscard]] std::uint32_t sequence() const { return sequence_; }
   [[nodiscard]] const std::shared_ptr<async_mailbox>& mailbox() const { return box_; }
@@ -319,32 +277,7 @@ class async_receipt {
   /// whose sender has not come, nothing can be marked: the world is then poisoned, since
   /// nobody could wait on that slot any more (this needs two exchanges given up on, which a
   /// device does only when it catches the exceptions that unwound past their handles).
-  void cancel() noexcept {
-    if (!box_) return;
-    auto done = finish_on_exit();
-    async_slot& slot = box_->slot(rank_, sequence_, lane_);
-    std::uint32_t now = slot.state.load(std::memory_order_acquire);
-    while (async_slot::serves(now, sequence_)) {
-      if (async_slot::phase_of(now) == async_slot::posted) return slot.pass_on(sequence_);
-      if (async_slot::phase_of(now) == async_slot::writing) {  // posted in a moment
-        std::this_thread::yield();
-        now = slot.state.load(std::memory_order_acquire);
-        continue;
-      }
-      const std::uint32_t next = source_ < 0 ? async_slot::pack(sequence_ + async_depth, async_slot::free)
-                                             : async_slot::pack(sequence_, async_slot::abandoned);
-      if (slot.state.compare_exchange_weak(now, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
-        slot.wake();
-        return;
-      }
-    }
-    try {
-      report_in_world(*world_, device_->path,
-                      message(what(), ": device ", device_->path, " gave up on an exchange while an earlier one it "
-                              "gave up on had not arrived either; call wait() on every handle"));
-    } catch (...) {  // out of memory for the message: the world stays as it is
-    }
-  }
+  void cancel() noexcept;
 
  private:
   /// Clears this receipt, and its slot's in-flight mark, when the caller leaves.
@@ -356,32 +289,11 @@ class async_receipt {
     }
   };
   finish finish_on_exit() { return finish{this}; }
-  void check_device() const {
-    if (current_device() != device_)
-      fail(what(), ": wait() was called on device ", current_device() ? current_device()->path : std::string("(none)"),
-           " for a handle that device ", device_->path, " started; each device waits on its own handles");
-  }
+  void check_device() const;
   [[nodiscard]] std::string my_call() const { return box_->members[rank_].calls[sequence_ % async_depth]; }
   /// Passes the slot on after a call in which this device receives nothing; a block that came
   /// for that call anyway is a mismatch of the devices' calls.
-  void pass_over_nothing(async_slot& slot) {
-    std::uint32_t now = slot.state.load(std::memory_order_acquire);
-    while (async_slot::phase_of(now) != async_slot::posted) {
-      if (async_slot::phase_of(now) == async_slot::writing) {  // a block comes after all: posted in a moment
-        std::this_thread::yield();
-        now = slot.state.load(std::memory_order_acquire);
-      } else if (slot.state.compare_exchange_weak(now, async_slot::pack(sequence_ + async_depth, async_slot::free),
-                                                  std::memory_order_acq_rel, std::memory_order_acquire)) {
-        slot.wake();
-        return;
-      }
-    }
-    const std::string theirs = slot.signature, from = box_->paths[slot.source];
-    slot.pass_on(sequence_);
-    throw collective_error(message(what(), ": device ", from, " sent device ", device_->path, " a block from ", theirs,
-                                   " in a call in which device ", device_->path, " receives nothing (", my_call(),
-                                   "); every device must start the same asynchronous collectives with the same pairs"));
-  }
+  void pass_over_nothing(async_slot& slot);
 
   std::shared_ptr<world> world_;
   std::shared_ptr<async_mailbox> box_;
@@ -513,30 +425,13 @@ class process_receipt {
                   std::shared_ptr<void> received)
       : pending_(std::move(pending)), sent_(std::move(sent)), received_(std::move(received)) {}
   process_receipt(process_receipt&& other) noexcept { *this = std::move(other); }
-  process_receipt& operator=(process_receipt&& other) noexcept {
-    if (this != &other) {
-      cancel();
-      pending_ = std::move(other.pending_), sent_ = std::move(other.sent_), received_ = std::move(other.received_);
-    }
-    return *this;
-  }
+  process_receipt& operator=(process_receipt&& other) noexcept;
   ~process_receipt() { cancel(); }
 
   [[nodiscard]] bool active() const { return received_ != nullptr; }
 
   /// Waits for the MPI requests and returns the array they wrote into.
-  std::shared_ptr<void> finish() {
-    if (pending_) {
-      try {
-        pending_->wait();
-      } catch (...) {
-        cancel();
-        throw;
-      }
-    }
-    pending_.reset(), sent_.reset();
-    return std::exchange(received_, nullptr);
-  }
+  std::shared_ptr<void> finish();
 
   /// Waits for the MPI requests and returns what arrived (zeros where nothing does).
   template <class T>
@@ -544,20 +439,7 @@ class process_receipt {
     return share_array<T>(std::move(*std::static_pointer_cast<xt::xarray<T>>(finish())));
   }
 
-  void cancel() noexcept {
-    if (!active()) return;
-    pending_.reset();  // lets go of the requests, which MPI completes on its own
-    // Never destroyed: the arrays would go back to pools that are gone at exit.
-    static std::mutex lock;
-    static auto* kept = new std::vector<std::shared_ptr<void>>;
-    try {
-      std::lock_guard guard(lock);
-      kept->push_back(std::move(sent_)), kept->push_back(std::move(received_));
-    } catch (...) {  // out of memory: the arrays are leaked instead
-      new std::shared_ptr<void>(std::move(sent_)), new std::shared_ptr<void>(std::move(received_));
-    }
-    sent_.reset(), received_.reset();
-  }
+  void cancel() noexcept;
 
  private:
   std::unique_ptr<process_channel::pending_call> pending_;
@@ -1084,5 +966,160 @@ auto start_pgather(const S& src, const I& idx, const A& axes) {
   } else
     return computed_at_start<Verb>(src, axes, [&] { return run(src); });
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL async_mailbox& mailbox_of(const membership& m, std::span<const named_axis> axes) {
+  communicator& c = *m.comm;
+  std::call_once(c.mailbox_made, [&] { c.mailbox = std::make_shared<async_mailbox>(c, axes, 1); });
+  return *c.mailbox;
+}
+
+NAMEDAX_DECL async_mailbox& all_lanes_mailbox_of(const membership& m, std::span<const named_axis> axes) {
+  communicator& c = *m.comm;
+  std::call_once(c.all_lanes_mailbox_made, [&] { c.all_lanes_mailbox = std::make_shared<async_mailbox>(c, axes, c.size); });
+  return *c.all_lanes_mailbox;
+}
+
+NAMEDAX_DECL void report_in_world(world& w, const std::string& path, const std::string& why) {
+  std::lock_guard guard(w.lock);
+  if (!w.first_error || w.first_error_is_abort)
+    w.first_error = std::make_exception_ptr(collective_error(why)), w.first_error_is_abort = false,
+    w.error_note = message(" (on device ", path, ")");
+  w.poison(why);
+}
+
+NAMEDAX_DECL void async_slot::pass_on(std::uint32_t sequence) {
+  block.reset();
+  state.store(pack(sequence + async_depth, free), std::memory_order_seq_cst);
+  wake();
+}
+
+NAMEDAX_DECL async_mailbox::async_mailbox(const communicator& c, std::span<const named_axis> named,
+                                          std::size_t lane_count)
+    : size(c.size), lanes(lane_count), paths(c.member_paths), axes(describe_axes(named)),
+      slots(new async_slot[c.size * async_depth * lane_count]), members(new member[c.size]) {
+  for (std::size_t k = 0; k < c.size * async_depth * lanes; ++k)
+    slots[k].state.store(async_slot::pack(static_cast<std::uint32_t>(k / lanes % async_depth), async_slot::free));
+}
+
+NAMEDAX_DECL std::shared_ptr<shared_fold> async_mailbox::take_fold(std::uint32_t sequence, std::size_t leaf) {
+  std::lock_guard lock(folds_lock_);
+  auto it = std::find_if(folds_.begin(), folds_.end(),
+                         [&](const fold_entry& e) { return e.sequence == sequence && e.leaf == leaf; });
+  if (it == folds_.end()) it = folds_.insert(folds_.end(), {sequence, leaf, 0, std::make_shared<shared_fold>()});
+  std::shared_ptr<shared_fold> fold = it->fold;
+  if (++it->taken == size) folds_.erase(it);
+  return fold;
+}
+
+NAMEDAX_DECL async_receipt::async_receipt(std::shared_ptr<world> w, std::shared_ptr<async_mailbox> box,
+                                          std::shared_ptr<device_record> device, std::size_t rank,
+                                          std::uint32_t sequence, long source, std::uint64_t fingerprint,
+                                          std::string_view verb, std::size_t lane)
+    : world_(std::move(w)), box_(std::move(box)), device_(std::move(device)), rank_(rank), sequence_(sequence),
+      source_(source), fingerprint_(fingerprint), verb_(verb), lane_(lane) {
+  ++box_->members[rank_].in_flight[sequence_ % async_depth];
+}
+
+NAMEDAX_DECL async_receipt& async_receipt::operator=(async_receipt&& other) noexcept {
+  if (this != &other) {
+    cancel();
+    world_ = std::move(other.world_), box_ = std::move(other.box_), device_ = std::move(other.device_);
+    rank_ = other.rank_, sequence_ = other.sequence_, source_ = other.source_, fingerprint_ = other.fingerprint_;
+    verb_ = other.verb_, lane_ = other.lane_;
+  }
+  return *this;
+}
+
+NAMEDAX_DECL std::string async_receipt::what() const { return message("namedax::", verb_, " over ", box_->axes); }
+
+NAMEDAX_DECL void async_receipt::cancel() noexcept {
+  if (!box_) return;
+  auto done = finish_on_exit();
+  async_slot& slot = box_->slot(rank_, sequence_, lane_);
+  std::uint32_t now = slot.state.load(std::memory_order_acquire);
+  while (async_slot::serves(now, sequence_)) {
+    if (async_slot::phase_of(now) == async_slot::posted) return slot.pass_on(sequence_);
+    if (async_slot::phase_of(now) == async_slot::writing) {  // posted in a moment
+      std::this_thread::yield();
+      now = slot.state.load(std::memory_order_acquire);
+      continue;
+    }
+    const std::uint32_t next = source_ < 0 ? async_slot::pack(sequence_ + async_depth, async_slot::free)
+                                           : async_slot::pack(sequence_, async_slot::abandoned);
+    if (slot.state.compare_exchange_weak(now, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      slot.wake();
+      return;
+    }
+  }
+  try {
+    report_in_world(*world_, device_->path,
+                    message(what(), ": device ", device_->path, " gave up on an exchange while an earlier one it "
+                            "gave up on had not arrived either; call wait() on every handle"));
+  } catch (...) {  // out of memory for the message: the world stays as it is
+  }
+}
+
+NAMEDAX_DECL void async_receipt::check_device() const {
+  if (current_device() != device_)
+    fail(what(), ": wait() was called on device ", current_device() ? current_device()->path : std::string("(none)"),
+         " for a handle that device ", device_->path, " started; each device waits on its own handles");
+}
+
+NAMEDAX_DECL void async_receipt::pass_over_nothing(async_slot& slot) {
+  std::uint32_t now = slot.state.load(std::memory_order_acquire);
+  while (async_slot::phase_of(now) != async_slot::posted) {
+    if (async_slot::phase_of(now) == async_slot::writing) {  // a block comes after all: posted in a moment
+      std::this_thread::yield();
+      now = slot.state.load(std::memory_order_acquire);
+    } else if (slot.state.compare_exchange_weak(now, async_slot::pack(sequence_ + async_depth, async_slot::free),
+                                                std::memory_order_acq_rel, std::memory_order_acquire)) {
+      slot.wake();
+      return;
+    }
+  }
+  const std::string theirs = slot.signature, from = box_->paths[slot.source];
+  slot.pass_on(sequence_);
+  throw collective_error(message(what(), ": device ", from, " sent device ", device_->path, " a block from ", theirs,
+                                 " in a call in which device ", device_->path, " receives nothing (", my_call(),
+                                 "); every device must start the same asynchronous collectives with the same pairs"));
+}
+
+NAMEDAX_DECL process_receipt& process_receipt::operator=(process_receipt&& other) noexcept {
+  if (this != &other) {
+    cancel();
+    pending_ = std::move(other.pending_), sent_ = std::move(other.sent_), received_ = std::move(other.received_);
+  }
+  return *this;
+}
+
+NAMEDAX_DECL std::shared_ptr<void> process_receipt::finish() {
+  if (pending_) {
+    try {
+      pending_->wait();
+    } catch (...) {
+      cancel();
+      throw;
+    }
+  }
+  pending_.reset(), sent_.reset();
+  return std::exchange(received_, nullptr);
+}
+
+NAMEDAX_DECL void process_receipt::cancel() noexcept {
+  if (!active()) return;
+  pending_.reset();  // lets go of the requests, which MPI completes on its own
+  // Never destroyed: the arrays would go back to pools that are gone at exit.
+  static std::mutex lock;
+  static auto* kept = new std::vector<std::shared_ptr<void>>;
+  try {
+    std::lock_guard guard(lock);
+    kept->push_back(std::move(sent_)), kept->push_back(std::move(received_));
+  } catch (...) {  // out of memory: the arrays are leaked instead
+    new std::shared_ptr<void>(std::move(sent_)), new std::shared_ptr<void>(std::move(received_));
+  }
+  sent_.reset(), received_.reset();
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 }  // namespace namedax::detail

@@ -9,6 +9,7 @@
 // IWYU pragma: private, include <namedax/autodiff.hpp>
 #pragma once
 
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/traced.hpp>
 #include <namedax/elementwise.hpp>
 #include <namedax/reductions.hpp>
@@ -347,22 +348,7 @@ C add_at(const C& ct, const S& source, std::int64_t offset, const std::vector<st
 }
 
 /// Every node that the outputs depend on, newest first.
-inline std::vector<node*> reverse_program(const std::vector<std::shared_ptr<node>>& outputs) {
-  std::vector<node*> nodes;
-  std::unordered_set<node*> seen;
-  std::vector<node*> pending;
-  for (const auto& o : outputs)
-    if (o && seen.insert(o.get()).second) pending.push_back(o.get());
-  while (!pending.empty()) {
-    node* n = pending.back();
-    pending.pop_back();
-    nodes.push_back(n);
-    for (const auto& p : n->parents)
-      if (seen.insert(p.get()).second) pending.push_back(p.get());
-  }
-  std::sort(nodes.begin(), nodes.end(), [](const node* a, const node* b) { return a->order > b->order; });
-  return nodes;
-}
+NAMEDAX_DECL std::vector<node*> reverse_program(const std::vector<std::shared_ptr<node>>& outputs);
 
 // ---------------------------------------------------------------------------------------
 // The program: tracing the arguments, running the pullbacks, reading the gradients.
@@ -539,6 +525,25 @@ struct gradient {
     else return g;
   }
 };
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::vector<node*> reverse_program(const std::vector<std::shared_ptr<node>>& outputs) {
+  std::vector<node*> nodes;
+  std::unordered_set<node*> seen;
+  std::vector<node*> pending;
+  for (const auto& o : outputs)
+    if (o && seen.insert(o.get()).second) pending.push_back(o.get());
+  while (!pending.empty()) {
+    node* n = pending.back();
+    pending.pop_back();
+    nodes.push_back(n);
+    for (const auto& p : n->parents)
+      if (seen.insert(p.get()).second) pending.push_back(p.get());
+  }
+  std::sort(nodes.begin(), nodes.end(), [](const node* a, const node* b) { return a->order > b->order; });
+  return nodes;
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 }  // namespace namedax::detail::ad
 

@@ -52,17 +52,8 @@ struct gemm_problem {
 // start sets it to 1 and the last to finish restores the count it found.
 class blas_one_thread {
  public:
-  blas_one_thread() {
-    std::lock_guard lock(state().mutex);
-    if (state().active++ == 0) {
-      state().saved = openblas_get_num_threads();
-      openblas_set_num_threads(1);
-    }
-  }
-  ~blas_one_thread() {
-    std::lock_guard lock(state().mutex);
-    if (--state().active == 0) openblas_set_num_threads(state().saved);
-  }
+  blas_one_thread();
+  ~blas_one_thread();
   blas_one_thread(const blas_one_thread&) = delete;
   blas_one_thread& operator=(const blas_one_thread&) = delete;
 
@@ -206,20 +197,6 @@ void gemm_strip_call(const gemm_args<T>& g, const gemm_strip& s, T* c, std::size
 /// device thread (which must not start threads of its own) and under ThreadSanitizer.
 NAMEDAX_DECL void for_each_task(std::size_t count, bool on_device, index_body f);
 
-#if NAMEDAX_DEFINITIONS
-NAMEDAX_DECL void for_each_task(std::size_t count, bool on_device, index_body f) {
-  drive_progress();
-#if defined(NAMEDAX_THREAD_SANITIZER)
-  on_device = true;
-#endif
-  if (on_device || count <= 1) {
-    for (std::size_t t = 0; t < count; ++t) f(t);
-  } else {
-    tbb::parallel_for(std::size_t{0}, count, f);
-  }
-}
-#endif
-
 /// An operand of one gemm: where it is read from, packing it first when its layout needs it.
 template <GemmScalar T, std::ptrdiff_t gemm_dim::*Stride>
 class gemm_input {
@@ -248,11 +225,7 @@ class gemm_input {
 };
 
 /// Whether gemm can take the problem: the sizes fit BLAS's int.
-inline bool gemm_fits(const gemm_problem& p) {
-  for (std::size_t n : {group_size(p.left), group_size(p.right), group_size(p.contracted)})
-    if (n > static_cast<std::size_t>(INT_MAX)) return false;
-  return true;
-}
+NAMEDAX_DECL bool gemm_fits(const gemm_problem& p);
 
 /// out = the contraction of x and y, one gemm per batch item with the same M, N, K and
 /// transpose flags wherever the item comes from (a vmap's slice or a pmap device's payload),
@@ -324,6 +297,39 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
       copy_strided(strided_block<T>{c_buffer.data(), c_shape, c_strides}, out + o[2], c_out_strides);
   }
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL blas_one_thread::blas_one_thread() {
+  std::lock_guard lock(state().mutex);
+  if (state().active++ == 0) {
+    state().saved = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+  }
+}
+
+NAMEDAX_DECL blas_one_thread::~blas_one_thread() {
+  std::lock_guard lock(state().mutex);
+  if (--state().active == 0) openblas_set_num_threads(state().saved);
+}
+
+NAMEDAX_DECL void for_each_task(std::size_t count, bool on_device, index_body f) {
+  drive_progress();
+#if defined(NAMEDAX_THREAD_SANITIZER)
+  on_device = true;
+#endif
+  if (on_device || count <= 1) {
+    for (std::size_t t = 0; t < count; ++t) f(t);
+  } else {
+    tbb::parallel_for(std::size_t{0}, count, f);
+  }
+}
+
+NAMEDAX_DECL bool gemm_fits(const gemm_problem& p) {
+  for (std::size_t n : {group_size(p.left), group_size(p.right), group_size(p.contracted)})
+    if (n > static_cast<std::size_t>(INT_MAX)) return false;
+  return true;
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 #ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
 NAMEDAX_EXTERN template void gemm_contract<float>(const gemm_problem&, const float*, const float*, float*, std::size_t, bool);

@@ -53,20 +53,9 @@ constexpr std::string_view dtype_name() {
 }
 
 /// Appends the axes as JAX prints a tuple of names: "('i',)", "('i', 'j')".
-inline void append_axes(std::string& out, std::span<const named_axis> axes) {
-  out += '(';
-  for (std::size_t k = 0; k < axes.size(); ++k) out += k ? ", '" : "'", out += axes[k].name, out += '\'';
-  out += axes.size() == 1 ? ",)" : ")";
-}
-
+NAMEDAX_DECL void append_axes(std::string& out, std::span<const named_axis> axes);
+/// The axes as JAX prints a tuple of names.
 NAMEDAX_DECL std::string describe_axes(std::span<const named_axis> axes);
-#if NAMEDAX_DEFINITIONS
-NAMEDAX_DECL std::string describe_axes(std::span<const named_axis> axes) {
-  std::string text;
-  append_axes(text, axes);
-  return text;
-}
-#endif
 
 /// A collective's parameters in the user's words, as its signature shows them, written into
 /// a buffer of this thread that keeps its capacity (valid until the thread's next call).
@@ -87,18 +76,7 @@ struct group_layout {
 
 /// One group of every rank in order: made once per size and thread, and kept (a call
 /// without groups allocates nothing for them).
-inline const group_layout& ungrouped(std::size_t total) {
-  thread_local std::vector<std::unique_ptr<group_layout>> made;
-  for (const auto& g : made)
-    if (g->group_of.size() == total) return *g;
-  auto g = std::make_unique<group_layout>();
-  g->members.emplace_back(total);
-  std::iota(g->members[0].begin(), g->members[0].end(), std::size_t{0});
-  g->position_of = g->members[0];
-  g->group_of.assign(total, 0);
-  made.push_back(std::move(g));
-  return *made.back();
-}
+NAMEDAX_DECL const group_layout& ungrouped(std::size_t total);
 
 /// How to name an index of an axis of `total` indices, for messages about one out of range.
 NAMEDAX_DECL std::string valid_indices(std::size_t total);
@@ -107,51 +85,8 @@ NAMEDAX_DECL group_layout make_groups(std::string_view verb, std::span<const nam
                                       const std::optional<groups_t>& groups, std::size_t total, bool equal_sizes);
 NAMEDAX_DECL std::string join_names(std::span<const std::string_view> names);
 
-#if NAMEDAX_DEFINITIONS
-NAMEDAX_DECL std::string valid_indices(std::size_t total) {
-  return total == 0 ? std::string("the axis has no index") : message("use indices 0..", total - 1);
-}
-
-NAMEDAX_DECL group_layout make_groups(std::string_view verb, std::span<const named_axis> axes,
-                                      const std::optional<groups_t>& groups, std::size_t total, bool equal_sizes) {
-  if (!groups) return ungrouped(total);
-  group_layout g;
-  g.group_of.assign(total, total), g.position_of.assign(total, 0);
-  const auto where = message("namedax::", verb, ": axis_index_groups over axis ", describe_axes(axes), " of size ", total);
-  for (const auto& group : *groups) {
-    if (group.empty()) fail(where, " has an empty group");
-    if (equal_sizes && group.size() != groups->front().size())
-      fail(where, " have unequal sizes ", groups->front().size(), " and ", group.size(), "; ", verb,
-           " needs groups of one size");
-    std::vector<std::size_t> ranks;
-    for (int i : group) {
-      if (i < 0 || static_cast<std::size_t>(i) >= total)
-        fail(where, " contain index ", i, ", which is out of range; ", valid_indices(total));
-      const auto r = static_cast<std::size_t>(i);
-      if (g.group_of[r] != total) fail(where, " contain index ", i, " twice; every index must be in exactly one group");
-      g.group_of[r] = g.members.size(), g.position_of[r] = ranks.size();
-      ranks.push_back(r);
-    }
-    g.members.push_back(std::move(ranks));
-  }
-  for (std::size_t r = 0; r < total; ++r)
-    if (g.group_of[r] == total) fail(where, " do not contain index ", r, "; every index must be in exactly one group");
-  return g;
-}
-
-NAMEDAX_DECL std::string join_names(std::span<const std::string_view> names) {
-  std::vector<std::string> quoted;
-  for (auto n : names) quoted.push_back(message('\'', n, '\''));
-  return message(quoted);
-}
-#endif
-
 /// The process grid of the innermost process map, which knows every process axis in scope.
-inline process_grid& innermost_process_grid() {
-  const auto& stack = frames();
-  auto it = std::find_if(stack.rbegin(), stack.rend(), [](const frame& f) { return f.processes != nullptr; });
-  return *it->processes;
-}
+NAMEDAX_DECL process_grid& innermost_process_grid();
 
 /// The number of members of a collective over `axes`: the product of their sizes.
 inline std::size_t member_count(std::span<const named_axis> axes) {
@@ -197,13 +132,10 @@ struct call_texts {
   xt::svector<std::string_view, 8> names;
   dims_t dims;
 
+  /// Whether they describe the call of verb `v` over `axes` with `options`, payload shape `s`
+  /// and dtype `d` as they are.
   [[nodiscard]] bool describe(std::string_view v, std::span<const named_axis> axes, std::string_view options,
-                              std::span<const std::size_t> s, std::string_view d) const {
-    return reusable && v == verb && d == dtype && options == parameters &&
-           std::equal(s.begin(), s.end(), dims.begin(), dims.end()) &&
-           std::equal(axes.begin(), axes.end(), names.begin(), names.end(),
-                      [](const named_axis& a, std::string_view n) { return a.name == n; });
-  }
+                              std::span<const std::size_t> s, std::string_view d) const;
 };
 
 /// A collective call as devices and processes compare it: `options` in the user's words.
@@ -269,11 +201,7 @@ struct received_members {
 
   /// The entry of the operand at `mine` of `shape` whose members no frame has taken yet; null
   /// when there is none.
-  entry* unread(const void* mine, const dims_t& shape) {
-    auto it = std::find_if(entries.begin(), entries.end(),
-                           [&](const entry& e) { return !e.members.empty() && e.mine == mine && e.shape == shape; });
-    return it == entries.end() ? nullptr : &*it;
-  }
+  entry* unread(const void* mine, const dims_t& shape);
 };
 /// The received members this thread's collective frames read, when a wait() runs; else null.
 inline received_members*& members_received() {
@@ -486,6 +414,90 @@ class collective_frame {
   std::vector<int> thread_slot_;
   std::size_t thread_size_total_ = 1;
 };
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL void append_axes(std::string& out, std::span<const named_axis> axes) {
+  out += '(';
+  for (std::size_t k = 0; k < axes.size(); ++k) out += k ? ", '" : "'", out += axes[k].name, out += '\'';
+  out += axes.size() == 1 ? ",)" : ")";
+}
+
+NAMEDAX_DECL std::string describe_axes(std::span<const named_axis> axes) {
+  std::string text;
+  append_axes(text, axes);
+  return text;
+}
+
+NAMEDAX_DECL const group_layout& ungrouped(std::size_t total) {
+  thread_local std::vector<std::unique_ptr<group_layout>> made;
+  for (const auto& g : made)
+    if (g->group_of.size() == total) return *g;
+  auto g = std::make_unique<group_layout>();
+  g->members.emplace_back(total);
+  std::iota(g->members[0].begin(), g->members[0].end(), std::size_t{0});
+  g->position_of = g->members[0];
+  g->group_of.assign(total, 0);
+  made.push_back(std::move(g));
+  return *made.back();
+}
+
+NAMEDAX_DECL std::string valid_indices(std::size_t total) {
+  return total == 0 ? std::string("the axis has no index") : message("use indices 0..", total - 1);
+}
+
+NAMEDAX_DECL group_layout make_groups(std::string_view verb, std::span<const named_axis> axes,
+                                      const std::optional<groups_t>& groups, std::size_t total, bool equal_sizes) {
+  if (!groups) return ungrouped(total);
+  group_layout g;
+  g.group_of.assign(total, total), g.position_of.assign(total, 0);
+  const auto where = message("namedax::", verb, ": axis_index_groups over axis ", describe_axes(axes), " of size ", total);
+  for (const auto& group : *groups) {
+    if (group.empty()) fail(where, " has an empty group");
+    if (equal_sizes && group.size() != groups->front().size())
+      fail(where, " have unequal sizes ", groups->front().size(), " and ", group.size(), "; ", verb,
+           " needs groups of one size");
+    std::vector<std::size_t> ranks;
+    for (int i : group) {
+      if (i < 0 || static_cast<std::size_t>(i) >= total)
+        fail(where, " contain index ", i, ", which is out of range; ", valid_indices(total));
+      const auto r = static_cast<std::size_t>(i);
+      if (g.group_of[r] != total) fail(where, " contain index ", i, " twice; every index must be in exactly one group");
+      g.group_of[r] = g.members.size(), g.position_of[r] = ranks.size();
+      ranks.push_back(r);
+    }
+    g.members.push_back(std::move(ranks));
+  }
+  for (std::size_t r = 0; r < total; ++r)
+    if (g.group_of[r] == total) fail(where, " do not contain index ", r, "; every index must be in exactly one group");
+  return g;
+}
+
+NAMEDAX_DECL std::string join_names(std::span<const std::string_view> names) {
+  std::vector<std::string> quoted;
+  for (auto n : names) quoted.push_back(message('\'', n, '\''));
+  return message(quoted);
+}
+
+NAMEDAX_DECL process_grid& innermost_process_grid() {
+  const auto& stack = frames();
+  auto it = std::find_if(stack.rbegin(), stack.rend(), [](const frame& f) { return f.processes != nullptr; });
+  return *it->processes;
+}
+
+NAMEDAX_DECL bool call_texts::describe(std::string_view v, std::span<const named_axis> axes, std::string_view options,
+                                      std::span<const std::size_t> s, std::string_view d) const {
+  return reusable && v == verb && d == dtype && options == parameters &&
+         std::equal(s.begin(), s.end(), dims.begin(), dims.end()) &&
+         std::equal(axes.begin(), axes.end(), names.begin(), names.end(),
+                    [](const named_axis& a, std::string_view n) { return a.name == n; });
+}
+
+NAMEDAX_DECL received_members::entry* received_members::unread(const void* mine, const dims_t& shape) {
+  auto it = std::find_if(entries.begin(), entries.end(),
+                         [&](const entry& e) { return !e.members.empty() && e.mine == mine && e.shape == shape; });
+  return it == entries.end() ? nullptr : &*it;
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 #ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
 #define NAMEDAX_INSTANTIATE(T)                                                                              \

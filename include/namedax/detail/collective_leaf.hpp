@@ -22,19 +22,10 @@
 
 namespace namedax::detail {
 
-inline std::vector<std::size_t> canonical_positional(std::string_view verb, std::span<const int> positional,
-                                                     std::size_t rank) {
-  std::vector<std::size_t> dims;
-  for (int p : positional) {
-    int d = p < 0 ? p + static_cast<int>(rank) : p;
-    if (d < 0 || d >= static_cast<int>(rank))
-      fail("namedax::", verb, ": positional axis ", p, " is out of range for a value of positional rank ", rank);
-    if (std::find(dims.begin(), dims.end(), static_cast<std::size_t>(d)) != dims.end())
-      fail("namedax::", verb, ": positional axis ", p, " is given twice");
-    dims.push_back(static_cast<std::size_t>(d));
-  }
-  return dims;
-}
+/// The positional axes of a collective (negative from the end) as dims of a value of
+/// positional rank `rank`, checked for range and repetition.
+NAMEDAX_DECL std::vector<std::size_t> canonical_positional(std::string_view verb, std::span<const int> positional,
+                                                           std::size_t rank);
 
 /// The named axes of a collective on x, in the order given, as the rules need them.
 template <class X, class... Names>
@@ -214,4 +205,21 @@ template <class... Names>
 constexpr auto axis_list_of(const std::tuple<Names...>& names) {
   return std::apply([](const auto&... n) { return namedax::axes(n...); }, names);
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::vector<std::size_t> canonical_positional(std::string_view verb, std::span<const int> positional,
+                                                           std::size_t rank) {
+  std::vector<std::size_t> dims;
+  for (int p : positional) {
+    int d = p < 0 ? p + static_cast<int>(rank) : p;
+    if (d < 0 || d >= static_cast<int>(rank))
+      fail("namedax::", verb, ": positional axis ", p, " is out of range for a value of positional rank ", rank);
+    if (std::find(dims.begin(), dims.end(), static_cast<std::size_t>(d)) != dims.end())
+      fail("namedax::", verb, ": positional axis ", p, " is given twice");
+    dims.push_back(static_cast<std::size_t>(d));
+  }
+  return dims;
+}
+#endif  // NAMEDAX_DEFINITIONS
+
 }  // namespace namedax::detail

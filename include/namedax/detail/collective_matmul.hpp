@@ -7,6 +7,7 @@
 
 #include <namedax/async.hpp>
 #include <namedax/collectives.hpp>
+#include <namedax/detail/compilation.hpp>
 #include <namedax/structure.hpp>
 #include <namedax/xeinsum.hpp>
 
@@ -19,11 +20,7 @@ namespace namedax::detail {
 
 /// The ring that moves every index's block `step` indices on (1: to the next index, -1: to
 /// the previous one): the pairs (d, d + step mod n).
-inline std::vector<std::pair<int, int>> ring_shift(int n, int step) {
-  std::vector<std::pair<int, int>> pairs;
-  for (int d = 0; d < n; ++d) pairs.emplace_back(d, ((d + step) % n + n) % n);
-  return pairs;
-}
+NAMEDAX_DECL std::vector<std::pair<int, int>> ring_shift(int n, int step);
 
 /// The product of x's positional dims (rows, k) and w's (k, c), held in memory.
 template <class X, class W>
@@ -138,5 +135,13 @@ auto matmul_reduce_scatter_ring(const X& x, const W& w, const A& axis, bool both
   if (steps.backward > 0) forward = forward + backward;
   return forward;
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::vector<std::pair<int, int>> ring_shift(int n, int step) {
+  std::vector<std::pair<int, int>> pairs;
+  for (int d = 0; d < n; ++d) pairs.emplace_back(d, ((d + step) % n + n) % n);
+  return pairs;
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 }  // namespace namedax::detail

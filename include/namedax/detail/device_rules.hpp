@@ -11,6 +11,7 @@
 #pragma once
 
 #include <namedax/detail/all_gather.hpp>
+#include <namedax/detail/compilation.hpp>
 
 #include <algorithm>
 #include <array>
@@ -29,16 +30,7 @@ inline constexpr std::size_t chunked_reduction_bytes = std::size_t{256} << 10;
 /// The names of `axes` when every one is an axis of device threads along which the operand
 /// varies (the case of the shared outputs here and of ppermute by reference); else nothing,
 /// and nothing while a wait() reads the members an asynchronous start left (received_members).
-inline std::optional<xt::svector<std::string_view, 8>> thread_axes(std::span<const named_axis> axes) {
-  if (members_received()) return std::nullopt;
-  xt::svector<std::string_view, 8> names;
-  for (const auto& ax : axes) {
-    if (ax.place != placement::devices || !ax.varies || !find_frame(ax.name)->shared) return std::nullopt;
-    names.push_back(ax.name);
-  }
-  if (names.empty()) return std::nullopt;
-  return names;
-}
+NAMEDAX_DECL std::optional<xt::svector<std::string_view, 8>> thread_axes(std::span<const named_axis> axes);
 
 /// An exchange among the device threads spanned by `names` in which each member offers its
 /// inputs, one per leaf, and gets outputs of `shapes`: with `shared`, rank 0's, which all of
@@ -94,11 +86,7 @@ void fold_range(std::size_t n, Member member, std::size_t lo, std::size_t length
 }
 
 /// pmean's divisor for a result of `rank` dims: n members (with `count_members`; else empty).
-inline xt::xarray<float> members_divisor(std::size_t rank, std::size_t n, bool count_members) {
-  xt::xarray<float> d = empty_array<float>();
-  if (count_members) d = uninitialized_array<float>(dims_t(rank, 1)), d.fill(static_cast<float>(n));
-  return d;
-}
+NAMEDAX_DECL xt::xarray<float> members_divisor(std::size_t rank, std::size_t n, bool count_members);
 
 /// psum, pmean, pmax, pmin of the leaves of a pytree, all of element type T, in one exchange
 /// instead of one per leaf, among the device threads spanned by `names` (thread_axes of
@@ -244,6 +232,25 @@ std::optional<shared_array<T>> gather_among_threads(std::string_view verb, strid
   copy_strided(in, exchange.output() + static_cast<std::ptrdiff_t>(exchange.rank()) * step, slot_strides);
   return shared_array<T>(std::move(exchange.finish()[0]));
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::optional<xt::svector<std::string_view, 8>> thread_axes(std::span<const named_axis> axes) {
+  if (members_received()) return std::nullopt;
+  xt::svector<std::string_view, 8> names;
+  for (const auto& ax : axes) {
+    if (ax.place != placement::devices || !ax.varies || !find_frame(ax.name)->shared) return std::nullopt;
+    names.push_back(ax.name);
+  }
+  if (names.empty()) return std::nullopt;
+  return names;
+}
+
+NAMEDAX_DECL xt::xarray<float> members_divisor(std::size_t rank, std::size_t n, bool count_members) {
+  xt::xarray<float> d = empty_array<float>();
+  if (count_members) d = uninitialized_array<float>(dims_t(rank, 1)), d.fill(static_cast<float>(n));
+  return d;
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 #ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
 #define NAMEDAX_INSTANTIATE(T, Op)                                                                                       \

@@ -5,6 +5,7 @@
 // IWYU pragma: private, include <namedax/elementwise.hpp>
 
 #include <namedax/detail/collective_frame.hpp>
+#include <namedax/detail/compilation.hpp>
 #include <namedax/named_array.hpp>
 
 #include <xtensor/xarray.hpp>
@@ -151,13 +152,7 @@ std::string payload_dims(const std::vector<std::size_t>& shape, std::size_t posi
 
 /// One axis of the environment as the printout shows it: "i (vmap, size 4)", "j (pmap, device 1
 /// of 2)", or, printed outside the map that binds it, "i (vmap)".
-inline std::string describe_binding(std::string_view name, placement place) {
-  std::string text{name};
-  const frame* f = find_frame(name);
-  if (!f || f->place != place) return text + (place == placement::vectorized ? " (vmap)" : " (devices)");
-  if (place == placement::vectorized) return text + message(" (vmap, size ", f->size, ")");
-  return text + message(" (", map_verb(*f), ", device ", f->index, " of ", f->size, ")");
-}
+NAMEDAX_DECL std::string describe_binding(std::string_view name, placement place);
 
 template <class E, class Env, axis_mask V>
 void print_named(std::ostream& out, const named<E, Env, V>& x) {
@@ -178,5 +173,15 @@ void print_named(std::ostream& out, const named<E, Env, V>& x) {
   if constexpr (std::is_integral_v<T> && sizeof(T) == 1 && !std::is_same_v<T, bool>) out << xt::xarray<int>(xt::cast<int>(a));
   else out << a;
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::string describe_binding(std::string_view name, placement place) {
+  std::string text{name};
+  const frame* f = find_frame(name);
+  if (!f || f->place != place) return text + (place == placement::vectorized ? " (vmap)" : " (devices)");
+  if (place == placement::vectorized) return text + message(" (vmap, size ", f->size, ")");
+  return text + message(" (", map_verb(*f), ", device ", f->index, " of ", f->size, ")");
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 }  // namespace namedax::detail

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <namedax/detail/buffers.hpp>
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/fault.hpp>
 #include <namedax/detail/progress.hpp>
 
@@ -514,14 +515,8 @@ inline strides_t row_major_strides(std::span<const std::size_t> shape) {
 
 /// For each element of `shape` (addressed by `out_strides` from 0), its offset with `strides`:
 /// a table that lets one loop walk two layouts at once.
-inline void element_offsets(std::span<const std::size_t> shape, std::span<const std::ptrdiff_t> strides,
-                            std::span<const std::ptrdiff_t> out_strides, std::vector<std::ptrdiff_t>& into) {
-  for_each_line(shape, strides, out_strides,
-                [&](std::ptrdiff_t i, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t is, std::ptrdiff_t os) {
-                  for (std::size_t k = 0; k < n; ++k)
-                    into[static_cast<std::size_t>(o + static_cast<std::ptrdiff_t>(k) * os)] = i + static_cast<std::ptrdiff_t>(k) * is;
-                });
-}
+NAMEDAX_DECL void element_offsets(std::span<const std::size_t> shape, std::span<const std::ptrdiff_t> strides,
+                                  std::span<const std::ptrdiff_t> out_strides, std::vector<std::ptrdiff_t>& into);
 
 inline std::size_t element_count(std::span<const std::size_t> shape) {
   return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>{});
@@ -704,6 +699,17 @@ template <class T, class S>
 void copy_strided(const strided_block<S>& in, T* out) {
   copy_strided(in, out, row_major_strides(in.shape));
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL void element_offsets(std::span<const std::size_t> shape, std::span<const std::ptrdiff_t> strides,
+                                  std::span<const std::ptrdiff_t> out_strides, std::vector<std::ptrdiff_t>& into) {
+  for_each_line(shape, strides, out_strides,
+                [&](std::ptrdiff_t i, std::ptrdiff_t o, std::size_t n, std::ptrdiff_t is, std::ptrdiff_t os) {
+                  for (std::size_t k = 0; k < n; ++k)
+                    into[static_cast<std::size_t>(o + static_cast<std::ptrdiff_t>(k) * os)] = i + static_cast<std::ptrdiff_t>(k) * is;
+                });
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 #ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
 #define NAMEDAX_INSTANTIATE(T)                                                                \

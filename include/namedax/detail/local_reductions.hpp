@@ -7,6 +7,7 @@
 // IWYU pragma: private
 #pragma once
 
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/kernels.hpp>
 #include <namedax/error.hpp>
 #include <namedax/named_array.hpp>
@@ -51,33 +52,12 @@ struct dim_list {
 };
 
 /// The dims of `list` in 0..rank-1, in the order given, checked for range and repetition.
-inline std::vector<std::size_t> canonical_dims(std::string_view verb, const dim_list& list,
-                                               std::span<const std::size_t> shape) {
-  const auto rank = static_cast<int>(shape.size());
-  std::vector<std::size_t> out;
-  if (list.all) {
-    out.resize(shape.size());
-    std::iota(out.begin(), out.end(), std::size_t{0});
-    return out;
-  }
-  for (int d : list.dims) {
-    const int k = d < 0 ? d + rank : d;
-    if (k < 0 || k >= rank)
-      fail("namedax::", verb, ": dim ", d, " is out of range for a value of positional shape ",
-           std::vector<std::size_t>(shape.begin(), shape.end()), "; use a dim in [", -rank, ", ", rank, ")");
-    if (std::find(out.begin(), out.end(), static_cast<std::size_t>(k)) != out.end())
-      fail("namedax::", verb, ": dim ", d, " is given twice; list each dim once");
-    out.push_back(static_cast<std::size_t>(k));
-  }
-  return out;
-}
+NAMEDAX_DECL std::vector<std::size_t> canonical_dims(std::string_view verb, const dim_list& list,
+                                                     std::span<const std::size_t> shape);
 
 /// Dims of the positional shape as the walks see them: sorted, so that members are visited
 /// row-major over the reduced dims whatever order they were given in (as jnp does).
-inline std::vector<std::size_t> sorted_dims(std::vector<std::size_t> dims) {
-  std::sort(dims.begin(), dims.end());
-  return dims;
-}
+NAMEDAX_DECL std::vector<std::size_t> sorted_dims(std::vector<std::size_t> dims);
 
 /// A reduction's layout: the kept dims in payload order, the reduced ones row-major, merged
 /// where one steps evenly into the next, so that a reduction over a whole contiguous slice
@@ -731,5 +711,33 @@ struct top_k_fn {
     return std::pair{named_like<Y>(std::move(values)), named_like<Y>(std::move(indices))};
   }
 };
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::vector<std::size_t> canonical_dims(std::string_view verb, const dim_list& list,
+                                                     std::span<const std::size_t> shape) {
+  const auto rank = static_cast<int>(shape.size());
+  std::vector<std::size_t> out;
+  if (list.all) {
+    out.resize(shape.size());
+    std::iota(out.begin(), out.end(), std::size_t{0});
+    return out;
+  }
+  for (int d : list.dims) {
+    const int k = d < 0 ? d + rank : d;
+    if (k < 0 || k >= rank)
+      fail("namedax::", verb, ": dim ", d, " is out of range for a value of positional shape ",
+           std::vector<std::size_t>(shape.begin(), shape.end()), "; use a dim in [", -rank, ", ", rank, ")");
+    if (std::find(out.begin(), out.end(), static_cast<std::size_t>(k)) != out.end())
+      fail("namedax::", verb, ": dim ", d, " is given twice; list each dim once");
+    out.push_back(static_cast<std::size_t>(k));
+  }
+  return out;
+}
+
+NAMEDAX_DECL std::vector<std::size_t> sorted_dims(std::vector<std::size_t> dims) {
+  std::sort(dims.begin(), dims.end());
+  return dims;
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 }  // namespace namedax::detail

@@ -5,6 +5,7 @@
 // IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/devices.hpp>
 #include <namedax/detail/pytree.hpp>
 #include <namedax/detail/reduction.hpp>
@@ -52,19 +53,8 @@ constexpr std::size_t vectorized_dims_of() {
   else return 0;
 }
 
-inline std::size_t canonical_axis(std::string_view verb, std::string_view name, std::string_view what, int axis,
-                                  std::size_t count) {
-  const int n = static_cast<int>(count);
-  const int d = axis < 0 ? axis + n : axis;
-  if (d < 0 || d >= n) {
-    // Only an in_axes entry can meet no positions: an out_axes entry has the rank + 1.
-    if (n == 0) fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis,
-                     ", but the value has no positional dim; give it in_axes namedax::none");
-    fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis, ", out of range for ", n,
-         n == 1 ? " position (valid: " : " positions (valid: ", -n, " to ", n - 1, ")");
-  }
-  return static_cast<std::size_t>(d);
-}
+NAMEDAX_DECL std::size_t canonical_axis(std::string_view verb, std::string_view name, std::string_view what, int axis,
+                                        std::size_t count);
 
 /// The dims of a mapped view: a std::array when the payload's rank is known at compile time
 /// (a fixed-rank argument such as xt::xtensor<float, 2>), so that its type says its rank.
@@ -152,20 +142,9 @@ struct stacked_layout {
 
 /// `outer_vectorized`: the number of vectorized dims of the environment around the map, which
 /// end each slab; `leaf`: which leaf of the result, for messages.
-inline stacked_layout stack_layout(std::string_view verb, std::string_view name, std::span<const std::size_t> slab,
-                                   std::size_t count, int out_axes, std::size_t outer_vectorized, std::size_t leaf) {
-  const std::size_t positional = slab.size() - outer_vectorized;
-  const std::size_t o = canonical_axis(verb, name, message("out_axes of result ", leaf), out_axes, positional + 1);
-  stacked_layout l{{}, o};
-  for (std::size_t k = 0; k <= slab.size(); ++k) {
-    if (k == o) l.shape.push_back(count);
-    if (k < slab.size()) l.shape.push_back(slab[k]);
-  }
-  if (element_count_overflows(l.shape))
-    fail("namedax::", verb, "<\"", name, "\">: stacking ", count, " results of shape ", slab,
-         " gives more elements than std::size_t counts; slice or reduce the results first");
-  return l;
-}
+NAMEDAX_DECL stacked_layout stack_layout(std::string_view verb, std::string_view name,
+                                         std::span<const std::size_t> slab, std::size_t count, int out_axes,
+                                         std::size_t outer_vectorized, std::size_t leaf);
 
 /// A map called as `.into(outputs)`: the caller's arrays, a pytree shaped as the result.
 /// Without it (`no_destination`), each result leaf is a fresh array.
@@ -630,6 +609,38 @@ class mapped_function {
   OutAxes out_axes_;
   std::size_t axis_size_;
 };
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::size_t canonical_axis(std::string_view verb, std::string_view name, std::string_view what, int axis,
+                                        std::size_t count) {
+  const int n = static_cast<int>(count);
+  const int d = axis < 0 ? axis + n : axis;
+  if (d < 0 || d >= n) {
+    // Only an in_axes entry can meet no positions: an out_axes entry has the rank + 1.
+    if (n == 0) fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis,
+                     ", but the value has no positional dim; give it in_axes namedax::none");
+    fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis, ", out of range for ", n,
+         n == 1 ? " position (valid: " : " positions (valid: ", -n, " to ", n - 1, ")");
+  }
+  return static_cast<std::size_t>(d);
+}
+
+NAMEDAX_DECL stacked_layout stack_layout(std::string_view verb, std::string_view name,
+                                         std::span<const std::size_t> slab, std::size_t count, int out_axes,
+                                         std::size_t outer_vectorized, std::size_t leaf) {
+  const std::size_t positional = slab.size() - outer_vectorized;
+  const std::size_t o = canonical_axis(verb, name, message("out_axes of result ", leaf), out_axes, positional + 1);
+  stacked_layout l{{}, o};
+  for (std::size_t k = 0; k <= slab.size(); ++k) {
+    if (k == o) l.shape.push_back(count);
+    if (k < slab.size()) l.shape.push_back(slab[k]);
+  }
+  if (element_count_overflows(l.shape))
+    fail("namedax::", verb, "<\"", name, "\">: stacking ", count, " results of shape ", slab,
+         " gives more elements than std::size_t counts; slice or reduce the results first");
+  return l;
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 }  // namespace detail
 }  // namespace namedax

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <namedax/detail/all_gather.hpp>
+#include <namedax/detail/compilation.hpp>
 
 #include <array>
 #include <string>
@@ -16,7 +17,7 @@ namespace namedax::detail {
 using permutation_t = std::vector<std::pair<int, int>>;
 
 /// ppermute's options in the user's words, as its call's signature shows them.
-inline std::string_view pairs_options(const permutation_t& perm) { return option_text(" with pairs ", perm); }
+NAMEDAX_DECL std::string_view pairs_options(const permutation_t& perm);
 
 /// For each rank, the rank it receives from, or -1; sources and destinations must be unique.
 /// Written into a buffer of this thread that keeps its capacity (valid until its next call).
@@ -27,7 +28,9 @@ NAMEDAX_DECL std::span<const long> senders(std::string_view verb, std::span<cons
 NAMEDAX_DECL permutation_t shuffle_pairs(std::string_view verb, std::span<const named_axis> axes,
                                          const std::vector<int>& perm);
 
-#if NAMEDAX_DEFINITIONS
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::string_view pairs_options(const permutation_t& perm) { return option_text(" with pairs ", perm); }
+
 NAMEDAX_DECL std::span<const long> senders(std::string_view verb, std::span<const named_axis> axes,
                                            const permutation_t& perm, std::size_t total) {
   thread_local std::vector<long> from;

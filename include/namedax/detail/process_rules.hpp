@@ -10,6 +10,7 @@
 
 #include <namedax/detail/all_to_all.hpp>
 #include <namedax/detail/collective_frame.hpp>
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/pbroadcast.hpp>
 #include <namedax/detail/ppermute.hpp>
 #include <namedax/detail/psum_scatter.hpp>
@@ -31,11 +32,7 @@ struct process_call {
 
 /// Whether every axis is placed on processes and the operand varies along it, on a
 /// process's own thread (device threads inside a process go through the rule's funnel).
-inline bool placed_on_processes(std::span<const named_axis> axes) {
-  return !axes.empty() && !current_device() && std::all_of(axes.begin(), axes.end(), [](const named_axis& ax) {
-    return ax.place == placement::devices && ax.varies && find_frame(ax.name)->processes;
-  });
-}
+NAMEDAX_DECL bool placed_on_processes(std::span<const named_axis> axes);
 
 /// An asynchronous collective among processes, run by the blocking collective's own code
 /// twice: at its start (`starting`) the process path agrees with the other processes and
@@ -133,12 +130,8 @@ void exchange_across_processes(process_call<T>& call, xt::xarray<T>& out, Start 
 }
 
 /// Whether positional dim 0 of length `length` splits into one chunk per group member.
-inline bool groups_divide(std::size_t length, std::span<const named_axis> axes, const std::optional<groups_t>& groups,
-                          bool tiled) {
-  std::size_t g = member_count(axes);
-  if (groups && !groups->empty()) g = groups->front().size();
-  return g > 0 && (tiled ? length % g == 0 : length == g);
-}
+NAMEDAX_DECL bool groups_divide(std::size_t length, std::span<const named_axis> axes,
+                                const std::optional<groups_t>& groups, bool tiled);
 
 /// psum, pmean, pmax, pmin: MPI_Allreduce. Returns the result and pmean's divisor.
 template <class T>
@@ -252,6 +245,21 @@ std::optional<xt::xarray<T>> pbroadcast_across_processes(std::string_view verb, 
                call->contiguous);
   return out;
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL bool placed_on_processes(std::span<const named_axis> axes) {
+  return !axes.empty() && !current_device() && std::all_of(axes.begin(), axes.end(), [](const named_axis& ax) {
+    return ax.place == placement::devices && ax.varies && find_frame(ax.name)->processes;
+  });
+}
+
+NAMEDAX_DECL bool groups_divide(std::size_t length, std::span<const named_axis> axes,
+                                const std::optional<groups_t>& groups, bool tiled) {
+  std::size_t g = member_count(axes);
+  if (groups && !groups->empty()) g = groups->front().size();
+  return g > 0 && (tiled ? length % g == 0 : length == g);
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 #ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
 #define NAMEDAX_INSTANTIATE(T)                                                                                             \

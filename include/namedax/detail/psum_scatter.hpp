@@ -5,14 +5,13 @@
 #pragma once
 
 #include <namedax/detail/all_gather.hpp>
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/reduction.hpp>
 
 namespace namedax::detail {
 
 /// psum_scatter's options in the user's words, as its call's signature shows them.
-inline std::string_view scatter_options(int scatter_dimension, bool tiled) {
-  return option_text(" at scatter_dimension ", scatter_dimension, tiled ? ", tiled" : "");
-}
+NAMEDAX_DECL std::string_view scatter_options(int scatter_dimension, bool tiled);
 
 template <class T>
 xt::xarray<T> psum_scatter_rule(std::string_view verb, strided_block<T> in, std::size_t positional_rank,
@@ -43,6 +42,12 @@ xt::xarray<T> psum_scatter_rule(std::string_view verb, strided_block<T> in, std:
   frame.release();
   return out;
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::string_view scatter_options(int scatter_dimension, bool tiled) {
+  return option_text(" at scatter_dimension ", scatter_dimension, tiled ? ", tiled" : "");
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 #ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
 #define NAMEDAX_INSTANTIATE(T)                                                                                           \

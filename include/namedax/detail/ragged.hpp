@@ -11,6 +11,7 @@
 #include <namedax/collectives.hpp>
 #include <namedax/detail/all_gather.hpp>
 #include <namedax/detail/async.hpp>
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/process_rules.hpp>
 #include <namedax/detail/structure.hpp>
 #include <namedax/named_array.hpp>
@@ -37,77 +38,17 @@ struct ragged_table {
 
 /// Reads the packed arrays `ints` ([4, peers, vectorized dims...], full along the vectorized
 /// collective axes) of every member through one exchange.
-inline ragged_table read_ragged_table(std::string_view verb, strided_block<std::int64_t> ints,
-                                      std::span<const named_axis> axes, const std::optional<groups_t>& groups,
-                                      std::string_view options, group_layout& layout) {
-  collective_frame<std::int64_t> frame(verb, std::move(ints), 2, axes, groups, true, options);
-  layout = frame.groups();
-  ragged_table t;
-  t.members = frame.total();
-  t.peers = frame.in_shape()[1];
-  if (t.members == 0) {
-    frame.release();
-    return t;
-  }
-  const auto first = frame.member(0);
-  const dims_t trailing(first.shape.begin() + 2, first.shape.end());
-  t.batch = element_count(trailing);
-  t.values.resize(t.members * 4 * t.peers * t.batch);
-  for (std::size_t m = 0; m < t.members; ++m) {
-    const auto block = frame.member(m);
-    std::size_t b = 0;
-    for_each_index(trailing, [&](std::span<const std::size_t> v) {
-      const std::ptrdiff_t o = trailing_offset(v, block.strides, 2);
-      for (std::size_t f = 0; f < 4; ++f)
-        for (std::size_t p = 0; p < t.peers; ++p)
-          t.values[((m * 4 + f) * t.peers + p) * t.batch + b] =
-              block.data[o + static_cast<std::ptrdiff_t>(f) * block.strides[0] + static_cast<std::ptrdiff_t>(p) * block.strides[1]];
-      ++b;
-    });
-  }
-  frame.release();
-  return t;
-}
+NAMEDAX_DECL ragged_table read_ragged_table(std::string_view verb, strided_block<std::int64_t> ints,
+                                            std::span<const named_axis> axes, const std::optional<groups_t>& groups,
+                                            std::string_view options, group_layout& layout);
 
 /// The first inconsistency in the table, in the user's words; empty when there is none. Every
 /// index computes it from the same table, so every index reports the same one. With K entries
 /// over groups of g indices, entry e goes to the peer at position e / (K / g): each peer gets
 /// K / g slices, and slice q from the peer at position p is entry p * (K / g) + q of recv_sizes.
-inline std::string ragged_mistake(std::string_view verb, const ragged_table& t, const group_layout& layout,
-                                  std::span<const named_axis> axes, std::size_t operand_rows, std::size_t output_rows) {
-  const std::string where = message("namedax::", verb, " over axis ", describe_axes(axes));
-  const std::size_t g = layout.members.empty() ? 0 : layout.members.front().size();
-  if (t.members != 0 && (g == 0 || t.peers % g != 0))
-    return message(where, ": the offsets and sizes have ", t.peers, " entries, which the ", g,
-                   " indices of a group do not divide; give arrays whose length is a multiple of ", g,
-                   " (one run of slices per peer)");
-  const std::size_t slices = g == 0 ? 0 : t.peers / g;
-  for (const auto& group : layout.members)
-    for (std::size_t ps = 0; ps < group.size(); ++ps)
-      for (std::size_t pr = 0; pr < group.size(); ++pr)
-        for (std::size_t q = 0; q < slices; ++q)
-          for (std::size_t b = 0; b < t.batch; ++b) {
-            const std::size_t s = group[ps], r = group[pr], e = pr * slices + q, f = ps * slices + q;
-            const std::int64_t in = t.at(s, 0, e, b), size = t.at(s, 1, e, b), out = t.at(s, 2, e, b),
-                               recv = t.at(r, 3, f, b);
-            const std::string peer =
-                message(where, ": index ", s, " sending to peer ", r, slices > 1 ? message(" (entry ", e, ")") : std::string(),
-                        t.batch > 1 ? message(" (batch element ", b, ")") : std::string());
-            if (size < 0 || in < 0 || out < 0 || recv < 0)
-              return message(peer, " has input_offsets ", in, ", send_sizes ", size, ", output_offsets ", out,
-                             " and the peer recv_sizes ", recv, "; offsets and sizes must be >= 0");
-            if (in + size > static_cast<std::int64_t>(operand_rows))
-              return message(peer, " sends rows ", in, "..", in + size, " (input_offsets ", in, ", send_sizes ", size,
-                             "), past the operand's ", operand_rows, " rows");
-            if (out + size > static_cast<std::int64_t>(output_rows))
-              return message(peer, " writes rows ", out, "..", out + size, " (output_offsets ", out, ", send_sizes ",
-                             size, "), past the output's ", output_rows, " rows");
-            if (recv != size)
-              return message(peer, " sends ", size, " rows but the peer's recv_sizes[", f, "] is ", recv,
-                             "; recv_sizes must be what each peer sends");
-          }
-  return {};
-}
+NAMEDAX_DECL std::string ragged_mistake(std::string_view verb, const ragged_table& t, const group_layout& layout,
+                                        std::span<const named_axis> axes, std::size_t operand_rows,
+                                        std::size_t output_rows);
 
 /// Calls f(sender, in, size, out) for every slice member `rank` receives, in sender order.
 template <class F>
@@ -140,19 +81,7 @@ void write_received(const ragged_table& t, const group_layout& layout, std::size
 
 /// Whether the chunks some index receives overlap (then the later sender's rows win, which
 /// MPI_Alltoallv does not promise). The same answer on every index: the table is everyone's.
-inline bool ragged_chunks_overlap(const ragged_table& t, const group_layout& layout) {
-  for (std::size_t r = 0; r < t.members; ++r)
-    for (std::size_t b = 0; b < t.batch; ++b) {
-      std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
-      for_each_received(t, layout, r, b, [&](std::size_t, std::int64_t, std::int64_t size, std::int64_t out) {
-        if (size > 0) chunks.emplace_back(out, out + size);
-      });
-      std::sort(chunks.begin(), chunks.end());
-      for (std::size_t k = 1; k < chunks.size(); ++k)
-        if (chunks[k].first < chunks[k - 1].second) return true;
-    }
-  return false;
-}
+NAMEDAX_DECL bool ragged_chunks_overlap(const ragged_table& t, const group_layout& layout);
 
 /// Over process axes alone (one slice per peer, one batch element, chunks apart): one MPI_Alltoallv from the
 /// operand straight into the output.
@@ -519,5 +448,90 @@ auto start_ragged(const Op& op, const Xs&... xs) {
     return async_state<R>(&async_what<Verb, Names...>, when_resolved(op, xs...));
   }(names_only(to_axis_list(op.axes)));
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL ragged_table read_ragged_table(std::string_view verb, strided_block<std::int64_t> ints,
+                                            std::span<const named_axis> axes, const std::optional<groups_t>& groups,
+                                            std::string_view options, group_layout& layout) {
+  collective_frame<std::int64_t> frame(verb, std::move(ints), 2, axes, groups, true, options);
+  layout = frame.groups();
+  ragged_table t;
+  t.members = frame.total();
+  t.peers = frame.in_shape()[1];
+  if (t.members == 0) {
+    frame.release();
+    return t;
+  }
+  const auto first = frame.member(0);
+  const dims_t trailing(first.shape.begin() + 2, first.shape.end());
+  t.batch = element_count(trailing);
+  t.values.resize(t.members * 4 * t.peers * t.batch);
+  for (std::size_t m = 0; m < t.members; ++m) {
+    const auto block = frame.member(m);
+    std::size_t b = 0;
+    for_each_index(trailing, [&](std::span<const std::size_t> v) {
+      const std::ptrdiff_t o = trailing_offset(v, block.strides, 2);
+      for (std::size_t f = 0; f < 4; ++f)
+        for (std::size_t p = 0; p < t.peers; ++p)
+          t.values[((m * 4 + f) * t.peers + p) * t.batch + b] =
+              block.data[o + static_cast<std::ptrdiff_t>(f) * block.strides[0] + static_cast<std::ptrdiff_t>(p) * block.strides[1]];
+      ++b;
+    });
+  }
+  frame.release();
+  return t;
+}
+
+NAMEDAX_DECL std::string ragged_mistake(std::string_view verb, const ragged_table& t, const group_layout& layout,
+                                        std::span<const named_axis> axes, std::size_t operand_rows,
+                                        std::size_t output_rows) {
+  const std::string where = message("namedax::", verb, " over axis ", describe_axes(axes));
+  const std::size_t g = layout.members.empty() ? 0 : layout.members.front().size();
+  if (t.members != 0 && (g == 0 || t.peers % g != 0))
+    return message(where, ": the offsets and sizes have ", t.peers, " entries, which the ", g,
+                   " indices of a group do not divide; give arrays whose length is a multiple of ", g,
+                   " (one run of slices per peer)");
+  const std::size_t slices = g == 0 ? 0 : t.peers / g;
+  for (const auto& group : layout.members)
+    for (std::size_t ps = 0; ps < group.size(); ++ps)
+      for (std::size_t pr = 0; pr < group.size(); ++pr)
+        for (std::size_t q = 0; q < slices; ++q)
+          for (std::size_t b = 0; b < t.batch; ++b) {
+            const std::size_t s = group[ps], r = group[pr], e = pr * slices + q, f = ps * slices + q;
+            const std::int64_t in = t.at(s, 0, e, b), size = t.at(s, 1, e, b), out = t.at(s, 2, e, b),
+                               recv = t.at(r, 3, f, b);
+            const std::string peer =
+                message(where, ": index ", s, " sending to peer ", r, slices > 1 ? message(" (entry ", e, ")") : std::string(),
+                        t.batch > 1 ? message(" (batch element ", b, ")") : std::string());
+            if (size < 0 || in < 0 || out < 0 || recv < 0)
+              return message(peer, " has input_offsets ", in, ", send_sizes ", size, ", output_offsets ", out,
+                             " and the peer recv_sizes ", recv, "; offsets and sizes must be >= 0");
+            if (in + size > static_cast<std::int64_t>(operand_rows))
+              return message(peer, " sends rows ", in, "..", in + size, " (input_offsets ", in, ", send_sizes ", size,
+                             "), past the operand's ", operand_rows, " rows");
+            if (out + size > static_cast<std::int64_t>(output_rows))
+              return message(peer, " writes rows ", out, "..", out + size, " (output_offsets ", out, ", send_sizes ",
+                             size, "), past the output's ", output_rows, " rows");
+            if (recv != size)
+              return message(peer, " sends ", size, " rows but the peer's recv_sizes[", f, "] is ", recv,
+                             "; recv_sizes must be what each peer sends");
+          }
+  return {};
+}
+
+NAMEDAX_DECL bool ragged_chunks_overlap(const ragged_table& t, const group_layout& layout) {
+  for (std::size_t r = 0; r < t.members; ++r)
+    for (std::size_t b = 0; b < t.batch; ++b) {
+      std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
+      for_each_received(t, layout, r, b, [&](std::size_t, std::int64_t, std::int64_t size, std::int64_t out) {
+        if (size > 0) chunks.emplace_back(out, out + size);
+      });
+      std::sort(chunks.begin(), chunks.end());
+      for (std::size_t k = 1; k < chunks.size(); ++k)
+        if (chunks[k].first < chunks[k - 1].second) return true;
+    }
+  return false;
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 }  // namespace namedax::detail

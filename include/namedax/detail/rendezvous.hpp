@@ -19,7 +19,7 @@
 #include <thread>
 #include <span>
 
-#if defined(__linux__)
+#if NAMEDAX_DEFINITIONS && defined(__linux__)  // the futex calls are in the bodies
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -28,15 +28,8 @@
 namespace namedax::detail {
 
 /// Sleeps while `word` holds `expected`, for at most `timeout`; it may wake early.
-inline void sleep_while_equal(const std::atomic<std::uint32_t>& word, std::uint32_t expected,
-                              std::chrono::microseconds timeout) {
-#if defined(__linux__)
-  const timespec ts{static_cast<time_t>(timeout.count() / 1000000), static_cast<long>(timeout.count() % 1000000) * 1000};
-  syscall(SYS_futex, reinterpret_cast<const std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
-#else
-  if (word.load() == expected) std::this_thread::sleep_for(std::min(timeout, std::chrono::microseconds(50)));
-#endif
-}
+NAMEDAX_DECL void sleep_while_equal(const std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                                    std::chrono::microseconds timeout);
 
 /// Tells the core that this thread spins (cheaper for its sibling hyperthread and the bus).
 inline void cpu_relax() {
@@ -47,19 +40,11 @@ inline void cpu_relax() {
 #endif
 }
 
-inline std::size_t hardware_threads() {
-  static const std::size_t n = std::max(1u, std::thread::hardware_concurrency());
-  return n;
-}
+/// The number of hardware threads (at least 1).
+NAMEDAX_DECL std::size_t hardware_threads();
 
 /// Wakes every thread asleep in sleep_while_equal on `word`.
-inline void wake_sleepers(std::atomic<std::uint32_t>& word) {
-#if defined(__linux__)
-  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
-#else
-  (void)word;
-#endif
-}
+NAMEDAX_DECL void wake_sleepers(std::atomic<std::uint32_t>& word);
 
 /// How the members of an exchange offer their data: what a slot of the exchange points to.
 /// Every member of one call must offer the same form, so the form is chosen from what they
@@ -73,10 +58,7 @@ enum class exchange_form : std::uint8_t {
   process_funnel,  // the payloads a process's first thread gathered from the other processes
 };
 
-inline std::string_view form_name(exchange_form form) {
-  constexpr std::string_view names[] = {"payload", "offer", "references", "process funnel"};
-  return names[static_cast<std::size_t>(form)];
-}
+NAMEDAX_DECL std::string_view form_name(exchange_form form);
 
 struct async_mailbox;  // detail/async.hpp
 
@@ -155,11 +137,7 @@ struct collective_call {
 };
 
 /// A 64-bit FNV-1a hash of a text.
-inline std::uint64_t fingerprint_of(std::string_view text) {
-  std::uint64_t h = 14695981039346656037ull;
-  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
-  return h;
-}
+NAMEDAX_DECL std::uint64_t fingerprint_of(std::string_view text);
 
 /// The call device `path` is in now: the last it entered (for a mismatch report).
 NAMEDAX_DECL std::string current_call_of(world& w, const std::string& path);
@@ -229,7 +207,41 @@ class pointer_exchange {
   double arrival_us_ = -1, wait_us_ = 0;  // arrival_us_ < 0: not traced
 };
 
-#if NAMEDAX_DEFINITIONS
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL void sleep_while_equal(const std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                                    std::chrono::microseconds timeout) {
+#if defined(__linux__)
+  const timespec ts{static_cast<time_t>(timeout.count() / 1000000), static_cast<long>(timeout.count() % 1000000) * 1000};
+  syscall(SYS_futex, reinterpret_cast<const std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
+#else
+  if (word.load() == expected) std::this_thread::sleep_for(std::min(timeout, std::chrono::microseconds(50)));
+#endif
+}
+
+NAMEDAX_DECL std::size_t hardware_threads() {
+  static const std::size_t n = std::max(1u, std::thread::hardware_concurrency());
+  return n;
+}
+
+NAMEDAX_DECL void wake_sleepers(std::atomic<std::uint32_t>& word) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+
+NAMEDAX_DECL std::string_view form_name(exchange_form form) {
+  constexpr std::string_view names[] = {"payload", "offer", "references", "process funnel"};
+  return names[static_cast<std::size_t>(form)];
+}
+
+NAMEDAX_DECL std::uint64_t fingerprint_of(std::string_view text) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
 NAMEDAX_DECL membership join(std::span<const std::string_view> names) {
   const auto& stack = frames();
   const frame* first = find_frame(names.front());

@@ -4,6 +4,7 @@
 // IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
+#include <namedax/detail/compilation.hpp>
 #include <namedax/error.hpp>
 #include <namedax/named_shape.hpp>
 #include <namedax/trace.hpp>
@@ -179,18 +180,10 @@ struct device_record {
 
   static constexpr std::size_t text_capacity = 256;
 
-  void enter(std::string_view signature) {
-    std::lock_guard guard(lock);
-    std::string& slot = recent[entered % recent.size()];
-    if (slot.capacity() < text_capacity) slot.reserve(text_capacity);  // once: later calls reuse it
-    slot = signature;
-    ++entered;
-  }
-  void block(std::string_view what, const std::atomic<std::uint32_t>* generation, std::uint32_t value) {
-    std::lock_guard guard(lock);
-    if (waiting_in.capacity() < text_capacity) waiting_in.reserve(text_capacity);
-    waiting_in = what, blocked_on = generation, blocked_generation = value;
-  }
+  /// Records that it entered the collective of `signature`.
+  void enter(std::string_view signature);
+  /// Records that it sleeps in `what` until `generation` no longer holds `value`.
+  void block(std::string_view what, const std::atomic<std::uint32_t>* generation, std::uint32_t value);
   void unblock() {
     std::lock_guard guard(lock);
     waiting_in.clear(), blocked_on = nullptr;
@@ -201,11 +194,7 @@ struct device_record {
     return blocked();
   }
   /// What it sleeps in, if it is stuck.
-  [[nodiscard]] std::optional<std::string> stuck_in() {
-    std::lock_guard guard(lock);
-    if (blocked()) return waiting_in;
-    return std::nullopt;
-  }
+  [[nodiscard]] std::optional<std::string> stuck_in();
 
  private:
   [[nodiscard]] bool blocked() const { return blocked_on && blocked_on->load() == blocked_generation; }
@@ -236,31 +225,10 @@ struct world {
   }
 
   /// Every running device sleeps in a rendezvous nobody can complete (call with the lock held).
-  [[nodiscard]] bool deadlocked() {
-    int stuck = 0;
-    for (const auto& entry : devices) stuck += entry.second->now == device_record::state::running && entry.second->stuck();
-    return stuck == running;
-  }
+  [[nodiscard]] bool deadlocked();
 
   /// "last collectives entered" per device, for error messages (call with the lock held).
-  [[nodiscard]] std::string recent_collectives() const {
-    std::vector<device_record*> order;
-    for (const auto& entry : devices) order.push_back(entry.second.get());
-    std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return natural_less(a->path, b->path); });
-    constexpr std::size_t shown = 16;
-    std::string text = "\nlast collectives each device entered:";
-    for (std::size_t k = 0; k < order.size() && k < shown; ++k) {
-      device_record& d = *order[k];
-      std::lock_guard guard(d.lock);
-      text += message("\n  device ", d.path, ":");
-      if (d.entered == 0) text += " none";
-      const std::uint64_t first = d.entered > d.recent.size() ? d.entered - d.recent.size() : 0;
-      for (std::uint64_t n = first; n < d.entered; ++n)
-        text += message(n == first ? " #" : "; #", n, ' ', d.recent[n % d.recent.size()]);
-    }
-    if (order.size() > shown) text += message("\n  (", order.size() - shown, " more devices)");
-    return text;
-  }
+  [[nodiscard]] std::string recent_collectives() const;
 };
 
 /// One enclosing map, as the thread sees it at run time.
@@ -297,43 +265,22 @@ inline std::string_view map_verb(const frame& f) {
 }
 
 /// The frame of `name`; a runtime error for values that carry no axis environment in their type.
-inline const frame& bound_frame(std::string_view verb, std::string_view name) {
-  if (const frame* f = find_frame(name)) return *f;
-  fail("namedax::", verb, ": axis '", name, "' is not bound by an enclosing vmap or pmap; wrap the function in "
-       "namedax::vmap<\"", name, "\"> or namedax::pmap<\"", name, "\">");
-}
+NAMEDAX_DECL const frame& bound_frame(std::string_view verb, std::string_view name);
 
 /// Appends "name=index" to a device path such as "i=0,j=2".
-inline void append_coordinate(std::string& path, std::string_view name, std::size_t index) {
-  if (!path.empty()) path += ',';
-  path += name;
-  path += '=';
-  path += std::to_string(index);
-}
+NAMEDAX_DECL void append_coordinate(std::string& path, std::string_view name, std::size_t index);
 
 /// The device coordinates of this thread along every device axis, outermost first.
-inline std::string device_path(const std::vector<frame>& stack) {
-  std::string path;
-  for (const frame& f : stack)
-    if (f.place == placement::devices) append_coordinate(path, f.name, f.index);
-  return path;
-}
+NAMEDAX_DECL std::string device_path(const std::vector<frame>& stack);
 
 /// Pushes a frame for the duration of a scope (vmap) or replaces the whole stack (device threads).
 class frame_scope {
  public:
-  explicit frame_scope(frame f) : saved_(frames()) { frames().push_back(std::move(f)); }
-  frame_scope(std::vector<frame> stack, std::shared_ptr<device_record> record)
-      : saved_(std::move(frames())), saved_record_(std::move(current_device())) {
-    frames() = std::move(stack);
-    current_device() = std::move(record);
-  }
+  explicit frame_scope(frame f);
+  frame_scope(std::vector<frame> stack, std::shared_ptr<device_record> record);
   frame_scope(const frame_scope&) = delete;
   frame_scope& operator=(const frame_scope&) = delete;
-  ~frame_scope() {
-    frames() = std::move(saved_);
-    current_device() = std::move(saved_record_);
-  }
+  ~frame_scope();
 
  private:
   std::vector<frame> saved_;
@@ -343,7 +290,89 @@ class frame_scope {
 /// Seconds a device may wait in one collective before it reports instead of hanging
 /// (NAMEDAX_COLLECTIVE_TIMEOUT, default 600). Deadlocks and departures are found at once;
 /// this only bounds a device that computes, or sleeps, for a very long time.
-inline double collective_timeout_seconds() {
+NAMEDAX_DECL double collective_timeout_seconds();
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL void device_record::enter(std::string_view signature) {
+  std::lock_guard guard(lock);
+  std::string& slot = recent[entered % recent.size()];
+  if (slot.capacity() < text_capacity) slot.reserve(text_capacity);  // once: later calls reuse it
+  slot = signature;
+  ++entered;
+}
+
+NAMEDAX_DECL void device_record::block(std::string_view what, const std::atomic<std::uint32_t>* generation,
+                                       std::uint32_t value) {
+  std::lock_guard guard(lock);
+  if (waiting_in.capacity() < text_capacity) waiting_in.reserve(text_capacity);
+  waiting_in = what, blocked_on = generation, blocked_generation = value;
+}
+
+NAMEDAX_DECL std::optional<std::string> device_record::stuck_in() {
+  std::lock_guard guard(lock);
+  if (blocked()) return waiting_in;
+  return std::nullopt;
+}
+
+NAMEDAX_DECL bool world::deadlocked() {
+  int stuck = 0;
+  for (const auto& entry : devices) stuck += entry.second->now == device_record::state::running && entry.second->stuck();
+  return stuck == running;
+}
+
+NAMEDAX_DECL std::string world::recent_collectives() const {
+  std::vector<device_record*> order;
+  for (const auto& entry : devices) order.push_back(entry.second.get());
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return natural_less(a->path, b->path); });
+  constexpr std::size_t shown = 16;
+  std::string text = "\nlast collectives each device entered:";
+  for (std::size_t k = 0; k < order.size() && k < shown; ++k) {
+    device_record& d = *order[k];
+    std::lock_guard guard(d.lock);
+    text += message("\n  device ", d.path, ":");
+    if (d.entered == 0) text += " none";
+    const std::uint64_t first = d.entered > d.recent.size() ? d.entered - d.recent.size() : 0;
+    for (std::uint64_t n = first; n < d.entered; ++n)
+      text += message(n == first ? " #" : "; #", n, ' ', d.recent[n % d.recent.size()]);
+  }
+  if (order.size() > shown) text += message("\n  (", order.size() - shown, " more devices)");
+  return text;
+}
+
+NAMEDAX_DECL const frame& bound_frame(std::string_view verb, std::string_view name) {
+  if (const frame* f = find_frame(name)) return *f;
+  fail("namedax::", verb, ": axis '", name, "' is not bound by an enclosing vmap or pmap; wrap the function in "
+       "namedax::vmap<\"", name, "\"> or namedax::pmap<\"", name, "\">");
+}
+
+NAMEDAX_DECL void append_coordinate(std::string& path, std::string_view name, std::size_t index) {
+  if (!path.empty()) path += ',';
+  path += name;
+  path += '=';
+  path += std::to_string(index);
+}
+
+NAMEDAX_DECL std::string device_path(const std::vector<frame>& stack) {
+  std::string path;
+  for (const frame& f : stack)
+    if (f.place == placement::devices) append_coordinate(path, f.name, f.index);
+  return path;
+}
+
+NAMEDAX_DECL frame_scope::frame_scope(frame f) : saved_(frames()) { frames().push_back(std::move(f)); }
+
+NAMEDAX_DECL frame_scope::frame_scope(std::vector<frame> stack, std::shared_ptr<device_record> record)
+    : saved_(std::move(frames())), saved_record_(std::move(current_device())) {
+  frames() = std::move(stack);
+  current_device() = std::move(record);
+}
+
+NAMEDAX_DECL frame_scope::~frame_scope() {
+  frames() = std::move(saved_);
+  current_device() = std::move(saved_record_);
+}
+
+NAMEDAX_DECL double collective_timeout_seconds() {
   static const double seconds = [] {
     const char* text = std::getenv("NAMEDAX_COLLECTIVE_TIMEOUT");
     double v = text ? std::atof(text) : 0.0;
@@ -351,5 +380,6 @@ inline double collective_timeout_seconds() {
   }();
   return seconds;
 }
+#endif  // NAMEDAX_DEFINITIONS
 
 }  // namespace namedax::detail

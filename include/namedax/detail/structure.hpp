@@ -5,6 +5,7 @@
 // IWYU pragma: private
 #pragma once
 
+#include <namedax/detail/compilation.hpp>
 #include <namedax/detail/pgather.hpp>
 #include <namedax/named_array.hpp>
 
@@ -51,24 +52,10 @@ namespace detail {
 // ---------------------------------------------------------------- dims and shapes
 
 /// `dim` (negative from the end) as an index into a positional rank `rank`.
-inline std::size_t positional_dim(std::string_view verb, std::ptrdiff_t dim, std::size_t rank) {
-  const auto r = static_cast<std::ptrdiff_t>(rank);
-  const std::ptrdiff_t d = dim < 0 ? dim + r : dim;
-  if (d < 0 || d >= r)
-    fail("namedax::", verb, ": dim ", dim, " is out of range for a value of positional rank ", rank, "; pass a dim in [",
-         -r, ", ", r, ")");
-  return static_cast<std::size_t>(d);
-}
+NAMEDAX_DECL std::size_t positional_dim(std::string_view verb, std::ptrdiff_t dim, std::size_t rank);
 
 /// Where a new dim goes among `rank` dims (stack, expand): 0..rank, negative from the end.
-inline std::size_t insertion_dim(std::string_view verb, std::ptrdiff_t dim, std::size_t rank) {
-  const auto r = static_cast<std::ptrdiff_t>(rank);
-  const std::ptrdiff_t d = dim < 0 ? dim + r + 1 : dim;
-  if (d < 0 || d > r)
-    fail("namedax::", verb, ": dim ", dim, " is out of range for a new dim among ", rank, " positional dims; pass a dim in [",
-         -r - 1, ", ", r, "]");
-  return static_cast<std::size_t>(d);
-}
+NAMEDAX_DECL std::size_t insertion_dim(std::string_view verb, std::ptrdiff_t dim, std::size_t rank);
 
 /// The positional part of a payload's shape (the dims before its `vectorized` trailing ones).
 template <class P>
@@ -96,12 +83,7 @@ template <class T>
 inline constexpr bool is_shared_array<shared_array<T>> = true;
 
 /// Vectorized dims of several operands broadcast together: each is 1 or the axis's size.
-inline std::vector<std::size_t> broadcast_trailing(std::initializer_list<std::vector<std::size_t>> all) {
-  std::vector<std::size_t> out(std::data(all)[0].size(), 1);
-  for (const auto& t : all)
-    for (std::size_t k = 0; k < out.size(); ++k) out[k] = broadcast_extent(out[k], t[k]);
-  return out;
-}
+NAMEDAX_DECL std::vector<std::size_t> broadcast_trailing(std::initializer_list<std::vector<std::size_t>> all);
 
 /// Calls `f(index)` for every index of `shape` in row-major order (once for an empty shape).
 template <class F>
@@ -290,26 +272,12 @@ inline std::size_t clamp_start(std::int64_t start, std::size_t extent, std::size
 }
 
 /// The starts at one index of the vectorized dims, clamped.
-inline std::vector<std::size_t> starts_at(const std::vector<xt::xarray<std::int64_t>>& starts, std::span<const std::size_t> index,
-                                          std::span<const std::size_t> extents, std::span<const std::size_t> sizes) {
-  std::vector<std::size_t> out(starts.size());
-  for (std::size_t k = 0; k < starts.size(); ++k) {
-    const auto strides = row_major_strides(std::span<const std::size_t>(starts[k].shape().data(), starts[k].dimension()));
-    out[k] = clamp_start(starts[k].data()[trailing_offset(index, strides, 0)], extents[k], sizes[k]);
-  }
-  return out;
-}
+NAMEDAX_DECL std::vector<std::size_t> starts_at(const std::vector<xt::xarray<std::int64_t>>& starts,
+                                                std::span<const std::size_t> index, std::span<const std::size_t> extents,
+                                                std::span<const std::size_t> sizes);
 
-inline void check_slice_sizes(std::string_view verb, const std::vector<std::size_t>& shape, std::size_t starts,
-                              std::span<const std::size_t> sizes, std::string_view what) {
-  if (starts != shape.size() || sizes.size() != shape.size())
-    fail("namedax::", verb, ": ", starts, " start indices and ", sizes.size(), " ", what, " for a value of positional shape ",
-         shape, "; give one start and one size per positional dim");
-  for (std::size_t k = 0; k < shape.size(); ++k)
-    if (sizes[k] > shape[k])
-      fail("namedax::", verb, ": ", what, " ", sizes[k], " along dim ", k, " exceeds the extent ", shape[k], " (positional shape ",
-           shape, "); a slice must fit in the value");
-}
+NAMEDAX_DECL void check_slice_sizes(std::string_view verb, const std::vector<std::size_t>& shape, std::size_t starts,
+                                    std::span<const std::size_t> sizes, std::string_view what);
 
 template <std::size_t R>
 struct dynamic_slice_op {
@@ -564,28 +532,8 @@ auto reshaped(P p, std::vector<std::size_t> shape, std::size_t vectorized) {
 }
 
 /// The positional shape a reshape gives, with its -1 worked out.
-inline std::vector<std::size_t> reshape_target(const std::vector<std::size_t>& from, const std::vector<std::ptrdiff_t>& to) {
-  const std::size_t count = std::accumulate(from.begin(), from.end(), std::size_t{1}, std::multiplies<>());
-  std::size_t known = 1;
-  std::ptrdiff_t free = -1;
-  for (std::size_t k = 0; k < to.size(); ++k) {
-    if (to[k] == -1 && free < 0) free = static_cast<std::ptrdiff_t>(k);
-    else if (to[k] < 0)
-      fail("namedax::reshape: cannot reshape positional shape ", from, " to ", to, "; give extents of 0 or more and at most one -1");
-    else known *= static_cast<std::size_t>(to[k]);
-  }
-  std::vector<std::size_t> out(to.begin(), to.end());
-  if (free >= 0) {
-    if (known == 0 || count % known != 0)
-      fail("namedax::reshape: cannot reshape positional shape ", from, " (", count, " elements) to ", to,
-           "; the -1 must stand for a whole extent");
-    out[static_cast<std::size_t>(free)] = count / known;
-  } else if (known != count) {
-    fail("namedax::reshape: cannot reshape positional shape ", from, " (", count, " elements) to ", to, " (", known,
-         " elements); the new shape must have as many elements");
-  }
-  return out;
-}
+NAMEDAX_DECL std::vector<std::size_t> reshape_target(const std::vector<std::size_t>& from,
+                                                     const std::vector<std::ptrdiff_t>& to);
 
 struct reshape_op {
   std::vector<std::ptrdiff_t> shape;
@@ -599,19 +547,8 @@ struct reshape_op {
 };
 
 /// A permutation of the positional dims (negative from the end), checked.
-inline std::vector<std::size_t> positional_permutation(std::string_view verb, const std::vector<std::ptrdiff_t>& axes, std::size_t rank) {
-  if (axes.size() != rank)
-    fail("namedax::", verb, ": ", axes.size(), " axes ", axes, " for a value of positional rank ", rank,
-         "; give a permutation of all its positional dims");
-  std::vector<std::size_t> out;
-  for (auto a : axes) {
-    const auto d = positional_dim(verb, a, rank);
-    if (std::find(out.begin(), out.end(), d) != out.end())
-      fail("namedax::", verb, ": axes ", axes, " name dim ", d, " twice; give a permutation of the positional dims");
-    out.push_back(d);
-  }
-  return out;
-}
+NAMEDAX_DECL std::vector<std::size_t> positional_permutation(std::string_view verb, const std::vector<std::ptrdiff_t>& axes,
+                                                             std::size_t rank);
 
 /// permute_dims's body: `order` is a permutation of the positional dims; the vectorized ones stay last.
 template <class Y>
@@ -861,6 +798,94 @@ struct take_op {
  private:
   static std::vector<std::size_t> positional(const dims_t& shape, std::size_t rank) { return {shape.begin(), shape.begin() + static_cast<std::ptrdiff_t>(rank)}; }
 };
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::size_t positional_dim(std::string_view verb, std::ptrdiff_t dim, std::size_t rank) {
+  const auto r = static_cast<std::ptrdiff_t>(rank);
+  const std::ptrdiff_t d = dim < 0 ? dim + r : dim;
+  if (d < 0 || d >= r)
+    fail("namedax::", verb, ": dim ", dim, " is out of range for a value of positional rank ", rank, "; pass a dim in [",
+         -r, ", ", r, ")");
+  return static_cast<std::size_t>(d);
+}
+
+NAMEDAX_DECL std::size_t insertion_dim(std::string_view verb, std::ptrdiff_t dim, std::size_t rank) {
+  const auto r = static_cast<std::ptrdiff_t>(rank);
+  const std::ptrdiff_t d = dim < 0 ? dim + r + 1 : dim;
+  if (d < 0 || d > r)
+    fail("namedax::", verb, ": dim ", dim, " is out of range for a new dim among ", rank, " positional dims; pass a dim in [",
+         -r - 1, ", ", r, "]");
+  return static_cast<std::size_t>(d);
+}
+
+NAMEDAX_DECL std::vector<std::size_t> broadcast_trailing(std::initializer_list<std::vector<std::size_t>> all) {
+  std::vector<std::size_t> out(std::data(all)[0].size(), 1);
+  for (const auto& t : all)
+    for (std::size_t k = 0; k < out.size(); ++k) out[k] = broadcast_extent(out[k], t[k]);
+  return out;
+}
+
+NAMEDAX_DECL std::vector<std::size_t> starts_at(const std::vector<xt::xarray<std::int64_t>>& starts,
+                                                std::span<const std::size_t> index, std::span<const std::size_t> extents,
+                                                std::span<const std::size_t> sizes) {
+  std::vector<std::size_t> out(starts.size());
+  for (std::size_t k = 0; k < starts.size(); ++k) {
+    const auto strides = row_major_strides(std::span<const std::size_t>(starts[k].shape().data(), starts[k].dimension()));
+    out[k] = clamp_start(starts[k].data()[trailing_offset(index, strides, 0)], extents[k], sizes[k]);
+  }
+  return out;
+}
+
+NAMEDAX_DECL void check_slice_sizes(std::string_view verb, const std::vector<std::size_t>& shape, std::size_t starts,
+                                    std::span<const std::size_t> sizes, std::string_view what) {
+  if (starts != shape.size() || sizes.size() != shape.size())
+    fail("namedax::", verb, ": ", starts, " start indices and ", sizes.size(), " ", what, " for a value of positional shape ",
+         shape, "; give one start and one size per positional dim");
+  for (std::size_t k = 0; k < shape.size(); ++k)
+    if (sizes[k] > shape[k])
+      fail("namedax::", verb, ": ", what, " ", sizes[k], " along dim ", k, " exceeds the extent ", shape[k], " (positional shape ",
+           shape, "); a slice must fit in the value");
+}
+
+NAMEDAX_DECL std::vector<std::size_t> reshape_target(const std::vector<std::size_t>& from,
+                                                     const std::vector<std::ptrdiff_t>& to) {
+  const std::size_t count = std::accumulate(from.begin(), from.end(), std::size_t{1}, std::multiplies<>());
+  std::size_t known = 1;
+  std::ptrdiff_t free = -1;
+  for (std::size_t k = 0; k < to.size(); ++k) {
+    if (to[k] == -1 && free < 0) free = static_cast<std::ptrdiff_t>(k);
+    else if (to[k] < 0)
+      fail("namedax::reshape: cannot reshape positional shape ", from, " to ", to, "; give extents of 0 or more and at most one -1");
+    else known *= static_cast<std::size_t>(to[k]);
+  }
+  std::vector<std::size_t> out(to.begin(), to.end());
+  if (free >= 0) {
+    if (known == 0 || count % known != 0)
+      fail("namedax::reshape: cannot reshape positional shape ", from, " (", count, " elements) to ", to,
+           "; the -1 must stand for a whole extent");
+    out[static_cast<std::size_t>(free)] = count / known;
+  } else if (known != count) {
+    fail("namedax::reshape: cannot reshape positional shape ", from, " (", count, " elements) to ", to, " (", known,
+         " elements); the new shape must have as many elements");
+  }
+  return out;
+}
+
+NAMEDAX_DECL std::vector<std::size_t> positional_permutation(std::string_view verb, const std::vector<std::ptrdiff_t>& axes,
+                                                             std::size_t rank) {
+  if (axes.size() != rank)
+    fail("namedax::", verb, ": ", axes.size(), " axes ", axes, " for a value of positional rank ", rank,
+         "; give a permutation of all its positional dims");
+  std::vector<std::size_t> out;
+  for (auto a : axes) {
+    const auto d = positional_dim(verb, a, rank);
+    if (std::find(out.begin(), out.end(), d) != out.end())
+      fail("namedax::", verb, ": axes ", axes, " name dim ", d, " twice; give a permutation of the positional dims");
+    out.push_back(d);
+  }
+  return out;
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 }  // namespace detail
 }  // namespace namedax

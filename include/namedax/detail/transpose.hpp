@@ -8,6 +8,7 @@
 
 #include <namedax/collectives.hpp>
 #include <namedax/detail/all_gather.hpp>
+#include <namedax/detail/compilation.hpp>
 #include <namedax/structure.hpp>
 
 #include <bit>
@@ -133,21 +134,8 @@ auto at_source_only(const C& ct, const A& axes, int source) {
 }
 
 /// A permutation of 0..rank-1 given as ints (negative counting from the end), or an error.
-inline std::vector<std::size_t> checked_permutation(std::string_view verb, const std::vector<int>& perm,
-                                                    std::size_t rank) {
-  if (perm.size() != rank)
-    fail("namedax::", verb, ": the permutation ", perm, " must have one entry per positional dimension (", rank, ")");
-  std::vector<std::size_t> out;
-  std::vector<bool> seen(rank, false);
-  for (int p : perm) {
-    const int d = p < 0 ? p + static_cast<int>(rank) : p;
-    if (d < 0 || d >= static_cast<int>(rank) || seen[static_cast<std::size_t>(d)])
-      fail("namedax::", verb, ": ", perm, " is not a permutation of the ", rank, " positional dimensions");
-    seen[static_cast<std::size_t>(d)] = true;
-    out.push_back(static_cast<std::size_t>(d));
-  }
-  return out;
-}
+NAMEDAX_DECL std::vector<std::size_t> checked_permutation(std::string_view verb, const std::vector<int>& perm,
+                                                          std::size_t rank);
 
 /// Positional dim k of the result is dim perm[k] of x (numpy.transpose); named axes stay.
 template <class X>
@@ -169,11 +157,7 @@ auto permute_positional(std::string_view verb, const X& x, const std::vector<int
   return make_named<shared_array<T>, Env, X::varying>(share_array<T>(std::move(out)));
 }
 
-inline std::vector<int> inverse_permutation(const std::vector<std::size_t>& p) {
-  std::vector<int> inv(p.size());
-  for (std::size_t k = 0; k < p.size(); ++k) inv[p[k]] = static_cast<int>(k);
-  return inv;
-}
+NAMEDAX_DECL std::vector<int> inverse_permutation(const std::vector<std::size_t>& p);
 
 /// x with positional shape `shape` (row-major order of elements, as numpy.reshape).
 template <class X>
@@ -230,17 +214,8 @@ std::size_t positional_rank_of(const X& x) {
   return x.dimension();
 }
 
-inline std::vector<std::size_t> canonical_dims(std::string_view verb, const std::vector<int>& dims, std::size_t rank,
-                                               const char* which) {
-  std::vector<std::size_t> out;
-  for (int d : dims) {
-    const int c = d < 0 ? d + static_cast<int>(rank) : d;
-    if (c < 0 || c >= static_cast<int>(rank))
-      fail("namedax::", verb, ": dimension ", d, " of ", which, " is out of range for positional rank ", rank);
-    out.push_back(static_cast<std::size_t>(c));
-  }
-  return out;
-}
+NAMEDAX_DECL std::vector<std::size_t> canonical_dims(std::string_view verb, const std::vector<int>& dims,
+                                                     std::size_t rank, const char* which);
 
 /// The transpose of u -> dot_general(u, v) (or, with `u_is_rhs`, of u -> dot_general(v, u))
 /// applied to `ct`, whose dims are (batch, lhs free, rhs free): a contraction of ct with v
@@ -294,5 +269,41 @@ auto dot_transpose(std::string_view verb, const C& ct, const V& v, std::size_t u
   }
   return permute_positional(verb, product, perm);
 }
+
+#if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::vector<std::size_t> checked_permutation(std::string_view verb, const std::vector<int>& perm,
+                                                          std::size_t rank) {
+  if (perm.size() != rank)
+    fail("namedax::", verb, ": the permutation ", perm, " must have one entry per positional dimension (", rank, ")");
+  std::vector<std::size_t> out;
+  std::vector<bool> seen(rank, false);
+  for (int p : perm) {
+    const int d = p < 0 ? p + static_cast<int>(rank) : p;
+    if (d < 0 || d >= static_cast<int>(rank) || seen[static_cast<std::size_t>(d)])
+      fail("namedax::", verb, ": ", perm, " is not a permutation of the ", rank, " positional dimensions");
+    seen[static_cast<std::size_t>(d)] = true;
+    out.push_back(static_cast<std::size_t>(d));
+  }
+  return out;
+}
+
+NAMEDAX_DECL std::vector<int> inverse_permutation(const std::vector<std::size_t>& p) {
+  std::vector<int> inv(p.size());
+  for (std::size_t k = 0; k < p.size(); ++k) inv[p[k]] = static_cast<int>(k);
+  return inv;
+}
+
+NAMEDAX_DECL std::vector<std::size_t> canonical_dims(std::string_view verb, const std::vector<int>& dims,
+                                                     std::size_t rank, const char* which) {
+  std::vector<std::size_t> out;
+  for (int d : dims) {
+    const int c = d < 0 ? d + static_cast<int>(rank) : d;
+    if (c < 0 || c >= static_cast<int>(rank))
+      fail("namedax::", verb, ": dimension ", d, " of ", which, " is out of range for positional rank ", rank);
+    out.push_back(static_cast<std::size_t>(c));
+  }
+  return out;
+}
+#endif  // NAMEDAX_DEFINITIONS
 
 }  // namespace namedax::detail
