@@ -78,8 +78,8 @@ struct foreign_option_fields {
 template <class Options, class... Accepted>
 concept ForeignOptions = (!std::convertible_to<const Options&, Accepted> && ...);
 
-/// Runs a collective's rule on one leaf: a deferred value waits for its environment, a named
-/// value's names are checked at compile time and its payload read where it lies. `Sums`
+/// Runs a collective's rule on one leaf: on a deferred value's table, at once; on a named
+/// value, whose names are checked at compile time, where its payload lies. `Sums`
 /// makes bool add up as int32; `Invariant` says the result is the same along the names.
 template <class Verb, bool Invariant, bool Sums, class X, class... Names, class Rule>
 auto collective_leaf(const X& x, type_list<Names...> names, Rule rule) {
