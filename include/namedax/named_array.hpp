@@ -215,19 +215,10 @@ constexpr void check_static_dim(D) {
   }
 }
 
-/// Resolves a deferred operand in `Env`; other operands pass through.
-template <class Env, class X>
-decltype(auto) resolve_in(const X& x) {
-  if constexpr (DeferredValue<X>) return x.template resolve<Env>();
-  else return (x);
-}
-
-/// An operation on a deferred operand x that also awaits `Names`: computed now, in the table
-/// environment of every name awaited, as `then(x resolved in it)`.
-template <class X, class... Names, class Then>
-auto defer_with(const X& x, type_list<Names...>, Then then) {
-  using names = typename unique_list<typename type_list_cat<names_awaited_t<X>, type_list<Names...>>::type>::type;
-  return to_deferred(names{}, then(x.template resolve<typename table_env<names>::type>()));
+/// A collective over `names` on a deferred operand x: `then(x)`, computed now on x's table.
+template <class X, class Names, class Then>
+auto defer_with(const X& x, Names names, Then then) {
+  return compute_deferred(names, then, x);
 }
 
 /// Checks that the broadcast of a new elementwise node's operands can be counted, naming
@@ -261,7 +252,7 @@ auto when_resolved(Op op, const Xs&... xs) {
       using Env = typename merged_env<env<>, Xs...>::type;
       return op(resolve_in<Env>(xs)...);
     } else {
-      return compute_deferred(op, xs...);
+      return compute_deferred(type_list<>{}, op, xs...);
     }
   } else {
     return op(xs...);

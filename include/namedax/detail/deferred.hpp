@@ -88,9 +88,8 @@ constexpr axis_mask mask_in_env() {
 /// The table of `Names` as a named value of Env: its dims (after the positional ones) go to
 /// Env's vectorized slots; along a device axis, this device's index is taken.
 template <class Env, axis_mask Varying, class... Names, class T>
-auto resolve_table(const shared_array<T>& table) {
+auto resolve_table(const shared_array<T>& from) {
   constexpr std::array<std::string_view, sizeof...(Names)> names{Names::name...};
-  const shared_array<T>& from = table;
   const std::size_t positional = from.dimension() - names.size();
   std::vector<std::size_t> shape(from.shape().begin(), from.shape().begin() + static_cast<std::ptrdiff_t>(positional));
   shape.resize(positional + Env::vectorized_count, 1);
@@ -138,17 +137,21 @@ auto to_deferred(type_list<Names...> names, const R& r) {
   }
 }
 
-/// An operation on operands of which some wait and none is named: computed now, in the table
-/// environment of every name they wait for.
-template <class Op, class... Xs>
-auto compute_deferred(Op op, const Xs&... xs) {
-  using names = names_awaited_t<Xs...>;
-  using Table = typename table_env<names>::type;
-  auto in_table = [](const auto& x) -> decltype(auto) {
-    if constexpr (DeferredValue<decltype(x)>) return x.template resolve<Table>();
-    else return (x);
-  };
-  return to_deferred(names{}, op(in_table(xs)...));
+/// Resolves a deferred operand in `Env`; other operands pass through.
+template <class Env, class X>
+decltype(auto) resolve_in(const X& x) {
+  if constexpr (DeferredValue<X>) return x.template resolve<Env>();
+  else return (x);
+}
+
+/// An operation on operands of which some wait and none is named, which also needs the names
+/// `Extra` bound (a collective's axes): computed now, in the table environment of every name
+/// awaited or needed.
+template <class... Extra, class Op, class... Xs>
+auto compute_deferred(type_list<Extra...>, Op op, const Xs&... xs) {
+  using names =
+      typename unique_list<typename type_list_cat<names_awaited_t<Xs...>, type_list<Extra...>>::type>::type;
+  return to_deferred(names{}, op(resolve_in<typename table_env<names>::type>(xs)...));
 }
 
 /// The row-major index over `Names` of every position: axis_index's table.
