@@ -23,7 +23,7 @@ struct mesh_axis {
   /// the mesh.
   template <class F, class InAxes, class OutAxes>
   auto map(F f, const InAxes& in_axes, const OutAxes& out_axes) const {
-    return detail::mapped_function<binding<axis<Name>, P, dynamic_extent, bound_by::mesh>, F, InAxes, OutAxes>(
+    return detail::mapped_function<mesh_binding<axis<Name>, P>, F, InAxes, OutAxes>(
         P == placement::vectorized ? "vmap" : "pmap", std::move(f), in_axes, out_axes, size);
   }
 };
@@ -72,7 +72,7 @@ class mesh {
 
  public:
   /// The axes as the maps bind them, outermost first.
-  using env_type = env<binding<typename Axes::axis_type, Axes::place, dynamic_extent, bound_by::mesh>...>;
+  using env_type = env<mesh_binding<typename Axes::axis_type, Axes::place>...>;
   static constexpr std::size_t rank = sizeof...(Axes);
 
   constexpr explicit mesh(Axes... axes) : axes_(axes...) {

@@ -701,7 +701,7 @@ struct process_axis {
   /// mpi::pmap over this axis, its binding recording the mesh (as mesh_axis::map's does).
   template <class F, class InAxes, class OutAxes>
   auto map(F f, const InAxes& in_axes, const OutAxes& out_axes) const {
-    return detail::process_map<binding<axis<Name>, placement::devices, dynamic_extent, bound_by::mesh>>(
+    return detail::process_map<mesh_binding<axis<Name>, placement::devices>>(
         std::move(f), in_axes, out_axes, size);
   }
 };

@@ -33,12 +33,23 @@ enum class bound_by {
 };
 
 /// One axis bound by an enclosing map, with its placement and (optional) static size.
-template <Axis A, placement P, std::size_t Extent = dynamic_extent, bound_by By = bound_by::map>
+template <Axis A, placement P, std::size_t Extent = dynamic_extent>
 struct binding {
   using axis_type = canonical_axis_t<A>;
   static constexpr placement place = P;
   static constexpr std::size_t extent = Extent;
-  static constexpr bound_by by = By;
+  static constexpr bound_by by = bound_by::map;
+};
+
+/// An axis of the mesh of an enclosing shard_map. A type of its own rather than a parameter of
+/// binding: the bindings of maps are spelled in nearly every type (and every debug name) of a
+/// program, and then need not spell what bound them.
+template <Axis A, placement P>
+struct mesh_binding {
+  using axis_type = canonical_axis_t<A>;
+  static constexpr placement place = P;
+  static constexpr std::size_t extent = dynamic_extent;
+  static constexpr bound_by by = bound_by::mesh;
 };
 
 /// A set of names of an environment: bit k stands for the k-th binding.
