@@ -228,6 +228,20 @@ TEST_SUITE("shard_map") {
     auto scalar = namedax::shard_map([](auto) { return 1.5; }, m, namedax::P("data"_ax), namedax::P("data"_ax));
     CHECK(namedax_test::error_of([&] { scalar(x); }) ==
           "namedax::shard_map: result 0 has 0 dims, but its out spec has 1 entries");
+    // A result of axis_index alone is resolved by the maps; its rank is checked all the same, in
+    // every placement of the mesh axis.
+    auto index = [](auto) { return namedax::axis_index("data"_ax); };
+    CHECK(namedax_test::error_of([&] { namedax::shard_map(index, m, namedax::P("data"_ax), namedax::P("data"_ax))(x); }) ==
+          "namedax::shard_map: result 0 has 0 dims, but its out spec has 1 entries");
+    namedax::mesh vm{namedax::vectorized<"data">(2)};
+    CHECK(namedax_test::error_of([&] { namedax::shard_map(index, vm, namedax::P("data"_ax), namedax::P("data"_ax))(x); }) ==
+          "namedax::shard_map: result 0 has 0 dims, but its out spec has 1 entries");
+    auto row = [](auto) { return namedax::expand_dims(namedax::axis_index("data"_ax) * 2, 0); };
+    CHECK(namedax_test::error_of([&] {
+            namedax::shard_map(row, m, namedax::P("data"_ax), namedax::P(namedax::none, "data"_ax))(x);
+          }) == "namedax::shard_map: result 0 has 1 dims, but its out spec has 2 entries");
+    CHECK_BITWISE(xt::xarray<std::int32_t>(namedax::shard_map(row, m, namedax::P("data"_ax), namedax::P("data"_ax))(x)),
+                  (xt::xarray<std::int32_t>{0, 2}));
     auto plain = namedax::shard_map([](auto) { return xt::xarray<double>{1., 2.}; }, m, namedax::P("data"_ax),
                                     namedax::P(namedax::none, "data"_ax));
     CHECK(namedax_test::error_of([&] { plain(x); }) ==

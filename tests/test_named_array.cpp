@@ -169,6 +169,22 @@ TEST_SUITE("named values") {
           "std::size_t counts; slice or reduce the results first");
   }
 
+  TEST_CASE("operands whose positional shapes do not broadcast: a namedax::error naming them, not xtensor's") {
+    // xtensor would say "Incompatible dimension of arrays" with the payloads' shapes, the vmap
+    // dims at their end included.
+    const xt::xarray<float> a = xt::zeros<float>({2, 3}), b = xt::zeros<float>({2, 4});
+    auto add = [](auto x, auto y) { return namedax::eval(x + y); };
+    const std::string mapped = "namedax: operands of shapes (3,) and (4,) do not broadcast (aligned on the right, each "
+                               "dim must have extent 1 or the other's)";
+    CHECK(namedax_test::error_of([&] { (void)namedax::vmap<"i">(add)(a, b); }) == mapped);
+    CHECK(namedax_test::error_of([&] { (void)namedax::pmap<"i">(add)(a, b); }) == mapped);
+    auto plain = [](auto x) { return namedax::eval(namedax::psum(x, "i"_ax) * xt::xarray<float>{1, 2}); };
+    const std::string with_plain = "namedax: operands of shapes (3,) and (2,) do not broadcast (aligned on the right, "
+                                   "each dim must have extent 1 or the other's)";
+    CHECK(namedax_test::error_of([&] { (void)namedax::vmap<"i">(plain)(a); }) == with_plain);
+    CHECK(namedax_test::error_of([&] { (void)namedax::pmap<"i">(plain)(a); }) == with_plain);
+  }
+
   TEST_CASE("static sizes: a mismatch with the arguments is an error naming the sizes") {
     xt::xarray<float> x = xt::zeros<float>({5});
     auto f = [](auto x) { return x; };

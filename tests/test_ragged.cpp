@@ -10,6 +10,7 @@
 #include <xtensor/xview.hpp>
 
 #include <atomic>
+#include <limits>
 #include <random>
 #include <stdexcept>
 
@@ -254,6 +255,40 @@ TEST_SUITE("ragged_all_to_all") {
       INFO(b.what);
       const auto v = error_of([&] { (void)namedax::vmap<"x">(ragged_body())(operand, output, b.io, b.ss, b.oo, b.rs); });
       const auto p = error_of([&] { (void)namedax::pmap<"x">(ragged_body())(operand, output, b.io, b.ss, b.oo, b.rs); });
+      for (const auto& text : {v, p}) {
+        INFO(text);
+        CHECK(text.find("namedax::ragged_all_to_all over axis ('x',)") != std::string::npos);
+        CHECK(text.find(b.expect) != std::string::npos);
+      }
+    }
+  }
+
+  TEST_CASE("int64 offsets and sizes near INT64_MAX are an error, not a bound that wraps") {
+    // in + size and out + size overflow int64 here: the checks must not compute them.
+    using longs = xt::xarray<std::int64_t>;
+    constexpr std::int64_t top = std::numeric_limits<std::int64_t>::max();
+    const xt::xarray<float> operand{{1, 2, 2}, {3, 4, 0}};
+    const xt::xarray<float> output = xt::zeros<float>({2, 4});
+    const longs io{{0, 1}, {0, 1}}, ss{{1, 2}, {1, 1}}, oo{{0, 0}, {1, 2}}, rs{{1, 1}, {2, 1}};
+    struct bad {
+      const char* what;
+      longs io, ss, oo;
+      const char* expect;
+    };
+    const bad cases[] = {
+        {"an input offset near the top", longs{{0, top - 1}, {0, 1}}, ss, oo,
+         "index 0 sending to peer 1 sends rows 9223372036854775806..9223372036854775808 (input_offsets "
+         "9223372036854775806, send_sizes 2), past the operand's 3 rows"},
+        {"an output offset at the top", io, ss, longs{{0, top}, {1, 2}},
+         "index 0 sending to peer 1 writes rows 9223372036854775807..9223372036854775809 (output_offsets "
+         "9223372036854775807, send_sizes 2), past the output's 4 rows"},
+        {"a size at the top", longs{{0, 1}, {0, 1}}, longs{{1, top}, {1, 1}}, oo,
+         "index 0 sending to peer 1 sends rows 1..9223372036854775808 (input_offsets 1, send_sizes 9223372036854775807)"},
+    };
+    for (const auto& b : cases) {
+      INFO(b.what);
+      const auto v = error_of([&] { (void)namedax::vmap<"x">(ragged_body())(operand, output, b.io, b.ss, b.oo, rs); });
+      const auto p = error_of([&] { (void)namedax::pmap<"x">(ragged_body())(operand, output, b.io, b.ss, b.oo, rs); });
       for (const auto& text : {v, p}) {
         INFO(text);
         CHECK(text.find("namedax::ragged_all_to_all over axis ('x',)") != std::string::npos);

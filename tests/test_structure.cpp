@@ -551,6 +551,23 @@ TEST_SUITE("structure") {
     CHECK(message([](auto x) { return namedax::pad(x, {{1, 1}, {1, 1}, {1, 1}}); }) ==
           "namedax::pad: 3 (before, after) pairs for a value of positional shape (3, 4); give one pair per positional "
           "dim, or one pair for all");
+    // Sizes and widths that would wrap: an error before anything is allocated.
+    CHECK(message([](auto x) { return namedax::pad(x, {{-1, 2}}, 0.f); }) ==
+          "namedax::pad: widths (-1, 2) for dim 0 of positional shape (3, 4); widths must be >= 0 (to crop, take a view "
+          "or a dynamic_slice)");
+    static constexpr std::ptrdiff_t huge = std::numeric_limits<std::ptrdiff_t>::max();
+    CHECK(message([](auto x) { return namedax::pad(x, {{0, 0}, {huge, huge}}, 0.f); }) ==
+          "namedax::pad: widths (9223372036854775807, 9223372036854775807) for dim 1 of positional shape (3, 4) give an "
+          "extent past what std::size_t holds");
+    CHECK(message([](auto x) { return namedax::pad(x, {{0, 0}, {std::ptrdiff_t{1} << 61, 0}}, 0.f); }) ==
+          "namedax::pad: an array of shape (3, 2305843009213693956, 2) with elements of 4 bytes has more bytes than memory "
+          "can address; its size overflows std::size_t");
+    CHECK(message([](auto x) { return namedax::reshape(x, {(std::ptrdiff_t{1} << 62) + 3, 4}); }) ==
+          "namedax::reshape: cannot reshape positional shape (3, 4) (12 elements) to (4611686018427387907, 4); its extents "
+          "multiply past what std::size_t holds");
+    CHECK(message([](auto x) { return namedax::broadcast_to(x, {std::ptrdiff_t{1} << 62, 3, 4}); }) ==
+          "namedax::broadcast_to: an array of shape (4611686018427387904, 3, 4, 2) with elements of 4 bytes has more "
+          "bytes than memory can address; its size overflows std::size_t");
     CHECK(message([](auto x) { return namedax::take_along_axis(x, xt::xarray<int>{0}); }) ==
           "namedax::take_along_axis: indices of positional shape (1,) for a value of positional shape (3, 4); give "
           "indices of the value's rank");

@@ -221,24 +221,35 @@ auto defer_with(const X& x, Names names, Then then) {
   return compute_deferred(names, then, x);
 }
 
-/// Checks that the broadcast of a new elementwise node's operands can be counted, naming
-/// their positional shapes (the payload's, without the `vectorized` dims at its end) if not.
+/// Checks that a new elementwise node's operands broadcast, to a shape whose elements can be
+/// counted, naming their positional shapes (the payload's, without the `vectorized` dims at its
+/// end) if not: xtensor's own error would show the payloads' shapes.
 template <class E>
 void check_broadcast_count(const E& e, std::size_t vectorized) {
-  if (!element_count_overflows(e.shape())) return;
   auto positional = [vectorized](const auto& shape) {
     return std::vector<std::size_t>(shape.begin(), shape.end() - static_cast<std::ptrdiff_t>(vectorized));
   };
-  std::vector<std::vector<std::size_t>> shapes;
-  auto add = [&](const auto& operand) {
-    if constexpr (!is_xscalar<std::decay_t<decltype(operand)>>) shapes.push_back(positional(operand.shape()));
+  auto operands = [&] {
+    std::vector<std::vector<std::size_t>> shapes;
+    auto add = [&](const auto& operand) {
+      if constexpr (!is_xscalar<std::decay_t<decltype(operand)>>) shapes.push_back(positional(operand.shape()));
+    };
+    std::apply([&](const auto&... operand) { (add(operand), ...); }, e.arguments());
+    std::string text;
+    for (std::size_t k = 0; k < shapes.size(); ++k)
+      text += message(k == 0 ? "" : k + 1 == shapes.size() ? " and " : ", ", shapes[k]);
+    return text;
   };
-  std::apply([&](const auto&... operands) { (add(operands), ...); }, e.arguments());
-  std::string operands;
-  for (std::size_t k = 0; k < shapes.size(); ++k)
-    operands += message(k == 0 ? "" : k + 1 == shapes.size() ? " and " : ", ", shapes[k]);
-  fail("namedax: operands of shapes ", operands, " broadcast to shape ", positional(e.shape()),
-       ", which has more elements than std::size_t counts; slice or reduce an operand first");
+  bool overflows = false;
+  try {
+    overflows = element_count_overflows(e.shape());  // computes the broadcast
+  } catch (const xt::broadcast_error&) {
+    fail("namedax: operands of shapes ", operands(),
+         " do not broadcast (aligned on the right, each dim must have extent 1 or the other's)");
+  }
+  if (overflows)
+    fail("namedax: operands of shapes ", operands(), " broadcast to shape ", positional(e.shape()),
+         ", which has more elements than std::size_t counts; slice or reduce an operand first");
 }
 
 /// Calls `op` with the operands once each is a named value or a plain one. An operand that
@@ -303,6 +314,9 @@ class deferred {
     detail::require_bound<axis_index_fn, Env, Names...>();
     return detail::resolve_table<Env, Varying, Names...>(table_);
   }
+
+  /// The positional rank of the value on each index (0 for axis_index itself).
+  [[nodiscard]] std::size_t positional_rank() const { return table_.dimension() - sizeof...(Names); }
 
   /// SPMD control flow on device axes: `if (namedax::axis_index("i"_ax) == 0)` under pmap.
   /// The environment is not in this value's type, so vmap axes are reported at run time.

@@ -23,6 +23,7 @@
 #include <namedax/detail/compilation.hpp>
 #include <namedax/detail/fault.hpp>
 #include <namedax/detail/progress.hpp>
+#include <namedax/error.hpp>
 
 #include <xtensor/xbuffer_adaptor.hpp>
 #include <xtensor/xarray.hpp>
@@ -46,12 +47,20 @@ inline void insert_dim(dims_t& dims, std::size_t at, std::size_t value) {
 }
 using strides_t = xt::svector<std::ptrdiff_t, 8>;
 
+/// The number of elements of an array of `shape`, after checking that it and its size in bytes
+/// (`element_size` each) fit in a std::size_t: a product that wrapped would allocate too little
+/// and let the caller write past the end. Otherwise a namedax::error naming `verb` (the
+/// operation whose result it is; empty for an output of any operation) and the shape.
+NAMEDAX_DECL std::size_t checked_element_count(std::string_view verb, std::span<const std::size_t> shape,
+                                               std::size_t element_size);
+
 /// A row-major array of `shape` whose elements are not initialized yet. A large one asks the
 /// kernel for transparent huge pages: a fresh 64 MiB output is 16384 first-touch faults of
 /// 4 KiB (about 0.2 s on virtual machines), against 32 of 2 MiB.
 template <class T>
 xt::xarray<T> uninitialized_array(std::span<const std::size_t> shape) {
   at_fault_point(fault_point::allocation, {});
+  (void)checked_element_count({}, shape, sizeof(T));
   xt::xarray<T> a = empty_array<T>();
   if (reuse_array(shape, a)) return a;  // pages already touched: no faults at all
   a.resize(shape);
@@ -701,6 +710,20 @@ void copy_strided(const strided_block<S>& in, T* out) {
 }
 
 #if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::size_t checked_element_count(std::string_view verb, std::span<const std::size_t> shape,
+                                               std::size_t element_size) {
+  if (std::find(shape.begin(), shape.end(), std::size_t{0}) != shape.end()) return 0;
+  std::size_t count = 1, bytes = 0;
+  bool wraps = false;
+  for (const std::size_t extent : shape) wraps |= __builtin_mul_overflow(count, extent, &count);
+  wraps |= __builtin_mul_overflow(count, element_size, &bytes);
+  if (wraps)
+    fail(verb.empty() ? std::string("namedax") : message("namedax::", verb), ": an array of shape ",
+         std::vector<std::size_t>(shape.begin(), shape.end()), " with elements of ", element_size,
+         " bytes has more bytes than memory can address; its size overflows std::size_t");
+  return count;
+}
+
 NAMEDAX_DECL void element_offsets(std::span<const std::size_t> shape, std::span<const std::ptrdiff_t> strides,
                                   std::span<const std::ptrdiff_t> out_strides, std::vector<std::ptrdiff_t>& into) {
   for_each_line(shape, strides, out_strides,

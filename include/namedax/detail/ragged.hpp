@@ -506,11 +506,14 @@ NAMEDAX_DECL std::string ragged_mistake(std::string_view verb, const ragged_tabl
             if (size < 0 || in < 0 || out < 0 || recv < 0)
               return message(peer, " has input_offsets ", in, ", send_sizes ", size, ", output_offsets ", out,
                              " and the peer recv_sizes ", recv, "; offsets and sizes must be >= 0");
-            if (in + size > static_cast<std::int64_t>(operand_rows))
-              return message(peer, " sends rows ", in, "..", in + size, " (input_offsets ", in, ", send_sizes ", size,
+            // Both are >= 0 here: compared without computing in + size, which can pass INT64_MAX;
+            // printed as the unsigned sum, which cannot wrap.
+            const auto end = [size](std::int64_t at) { return static_cast<std::uint64_t>(at) + static_cast<std::uint64_t>(size); };
+            if (size > static_cast<std::int64_t>(operand_rows) || in > static_cast<std::int64_t>(operand_rows) - size)
+              return message(peer, " sends rows ", in, "..", end(in), " (input_offsets ", in, ", send_sizes ", size,
                              "), past the operand's ", operand_rows, " rows");
-            if (out + size > static_cast<std::int64_t>(output_rows))
-              return message(peer, " writes rows ", out, "..", out + size, " (output_offsets ", out, ", send_sizes ",
+            if (size > static_cast<std::int64_t>(output_rows) || out > static_cast<std::int64_t>(output_rows) - size)
+              return message(peer, " writes rows ", out, "..", end(out), " (output_offsets ", out, ", send_sizes ",
                              size, "), past the output's ", output_rows, " rows");
             if (recv != size)
               return message(peer, " sends ", size, " rows but the peer's recv_sizes[", f, "] is ", recv,

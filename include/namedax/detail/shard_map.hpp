@@ -265,13 +265,12 @@ constexpr bool check_result_variance() {
 /// Checks that a result leaf has at least as many dims as its out spec has entries.
 template <class MeshEnv, std::size_t Leaf, class Spec, class L>
 void check_result_rank(const L& leaf) {
-  if constexpr (!DeferredValue<L>) {  // a value of axis_index alone has no rank until a map resolves it
-    std::size_t rank = 0;             // a scalar's
-    if constexpr (NamedValue<L>) rank = leaf.payload().dimension() - MeshEnv::vectorized_count;
-    else if constexpr (!std::is_arithmetic_v<L>) rank = leaf.dimension();
-    if (rank < Spec::rank)
-      fail("namedax::shard_map: result ", Leaf, " has ", rank, " dims, but its out spec has ", Spec::rank, " entries");
-  }
+  std::size_t rank = 0;  // a scalar's
+  if constexpr (NamedValue<L>) rank = leaf.payload().dimension() - MeshEnv::vectorized_count;
+  else if constexpr (DeferredValue<L>) rank = leaf.positional_rank();  // a value of axis_index alone
+  else if constexpr (!std::is_arithmetic_v<L>) rank = leaf.dimension();
+  if (rank < Spec::rank)
+    fail("namedax::shard_map: result ", Leaf, " has ", rank, " dims, but its out spec has ", Spec::rank, " entries");
 }
 
 /// The maps of the mesh axes from `Level` in, nested in mesh order around `body`. `Specs`: the

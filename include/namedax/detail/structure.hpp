@@ -44,8 +44,9 @@ struct int_list {
   int_list(const R& r) : values(std::ranges::begin(r), std::ranges::end(r)) {}
 };
 
-/// Padding before and after each positional dim; a single pair pads every dim alike.
-using pad_widths = std::vector<std::pair<std::size_t, std::size_t>>;
+/// Padding before and after each positional dim; a single pair pads every dim alike. Signed, so
+/// that a negative width is reported rather than wrapped to a huge one.
+using pad_widths = std::vector<std::pair<std::ptrdiff_t, std::ptrdiff_t>>;
 
 namespace detail {
 
@@ -636,6 +637,7 @@ struct broadcast_to_op {
     std::vector<std::size_t> full(shape.begin(), shape.end());
     const auto trailing = trailing_shape(y.payload(), Env::vectorized_count);
     full.insert(full.end(), trailing.begin(), trailing.end());
+    (void)checked_element_count("broadcast_to", full, sizeof(typename Y::value_type));  // lazy, but never evaluable
     auto payload = y.payload();  // held by value: the view must not refer to y, a local of the caller
     auto v = xt::broadcast(std::move(payload), std::move(full));
     return make_named<decltype(v), Env, Y::varying>(std::move(v));
@@ -688,6 +690,13 @@ struct roll_op {
   }
 };
 
+/// The shape of a payload of `payload_shape` (positional dims `positional` first) padded by
+/// `widths`, checked: one pair per positional dim or one for all, no negative width, and a
+/// size that fits in memory's address space.
+NAMEDAX_DECL std::vector<std::size_t> padded_shape(const std::vector<std::size_t>& positional,
+                                                   std::span<const std::size_t> payload_shape, const pad_widths& widths,
+                                                   std::size_t element_size);
+
 template <class V>
 struct pad_op {
   pad_widths widths;
@@ -696,21 +705,16 @@ struct pad_op {
   auto operator()(const Y& y) const {
     using Env = typename Y::env_type;
     using T = typename Y::value_type;
-    const auto shape = y.shape();
-    if (widths.size() != shape.size() && widths.size() != 1)
-      fail("namedax::pad: ", widths.size(), " (before, after) pairs for a value of positional shape ", shape,
-           "; give one pair per positional dim, or one pair for all");
     auto payload = y.payload();
     xt::xarray<T> storage;
     const auto src = block_in_memory<T>(payload, storage);
-    std::vector<std::size_t> out_shape(src.shape.begin(), src.shape.end());
+    const auto out_shape = padded_shape(y.shape(), src.shape, widths, sizeof(T));
     std::ptrdiff_t offset = 0;
     const auto width = [&](std::size_t k) { return widths.size() == 1 ? widths[0] : widths[k]; };
-    for (std::size_t k = 0; k < shape.size(); ++k) out_shape[k] += width(k).first + width(k).second;
     auto out = uninitialized_array<T>(out_shape);
     std::fill(out.begin(), out.end(), static_cast<T>(value));
     const auto out_strides = row_major_strides(out_shape);
-    for (std::size_t k = 0; k < shape.size(); ++k) offset += static_cast<std::ptrdiff_t>(width(k).first) * out_strides[k];
+    for (std::size_t k = 0; k < y.shape().size(); ++k) offset += width(k).first * out_strides[k];
     copy_strided(src, out.data() + offset, out_strides);
     return make_named<shared_array<T>, Env, Y::varying>(share_array(std::move(out)));
   }
@@ -856,7 +860,9 @@ NAMEDAX_DECL std::vector<std::size_t> reshape_target(const std::vector<std::size
     if (to[k] == -1 && free < 0) free = static_cast<std::ptrdiff_t>(k);
     else if (to[k] < 0)
       fail("namedax::reshape: cannot reshape positional shape ", from, " to ", to, "; give extents of 0 or more and at most one -1");
-    else known *= static_cast<std::size_t>(to[k]);
+    else if (__builtin_mul_overflow(known, static_cast<std::size_t>(to[k]), &known))
+      fail("namedax::reshape: cannot reshape positional shape ", from, " (", count, " elements) to ", to,
+           "; its extents multiply past what std::size_t holds");
   }
   std::vector<std::size_t> out(to.begin(), to.end());
   if (free >= 0) {
@@ -868,6 +874,27 @@ NAMEDAX_DECL std::vector<std::size_t> reshape_target(const std::vector<std::size
     fail("namedax::reshape: cannot reshape positional shape ", from, " (", count, " elements) to ", to, " (", known,
          " elements); the new shape must have as many elements");
   }
+  return out;
+}
+
+NAMEDAX_DECL std::vector<std::size_t> padded_shape(const std::vector<std::size_t>& positional,
+                                                   std::span<const std::size_t> payload_shape, const pad_widths& widths,
+                                                   std::size_t element_size) {
+  if (widths.size() != positional.size() && widths.size() != 1)
+    fail("namedax::pad: ", widths.size(), " (before, after) pairs for a value of positional shape ", positional,
+         "; give one pair per positional dim, or one pair for all");
+  std::vector<std::size_t> out(payload_shape.begin(), payload_shape.end());
+  for (std::size_t k = 0; k < positional.size(); ++k) {
+    const auto [before, after] = widths.size() == 1 ? widths[0] : widths[k];
+    if (before < 0 || after < 0)
+      fail("namedax::pad: widths (", before, ", ", after, ") for dim ", k, " of positional shape ", positional,
+           "; widths must be >= 0 (to crop, take a view or a dynamic_slice)");
+    if (__builtin_add_overflow(out[k], static_cast<std::size_t>(before), &out[k]) ||
+        __builtin_add_overflow(out[k], static_cast<std::size_t>(after), &out[k]))
+      fail("namedax::pad: widths (", before, ", ", after, ") for dim ", k, " of positional shape ", positional,
+           " give an extent past what std::size_t holds");
+  }
+  (void)checked_element_count("pad", out, element_size);
   return out;
 }
 
