@@ -9,12 +9,16 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <list>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -56,6 +60,31 @@ MPI_Datatype datatype() {
 }
 
 namespace detail {
+/// The watchdog's deadline in seconds: NAMEDAX_MPI_TIMEOUT, else 600 (NCCL's default is minutes too).
+inline std::atomic<double>& timeout_seconds() {
+  static std::atomic<double> seconds = [] {
+    const char* text = std::getenv("NAMEDAX_MPI_TIMEOUT");
+    char* end = nullptr;
+    const double given = text ? std::strtod(text, &end) : 0;
+    return text && end != text && given > 0 ? given : 600.0;
+  }();
+  return seconds;
+}
+}  // namespace detail
+
+/// How long a process waits for the others in a collective over processes (or in the
+/// agreement before one, or where a process map starts and ends) before it gives up: the
+/// environment variable NAMEDAX_MPI_TIMEOUT in seconds, else this setting, 600 s by default.
+/// When it passes, the process asks every other one where it is; every waiting process then
+/// throws a collective_error naming the collective, the call's sequence number and the
+/// processes that did not arrive (those that did not answer: returned, died, or busy outside
+/// namedax), and later process maps fail at once. End the program then (MPI_Abort; the
+/// environment's destructor does it if the program does not): MPI cannot take back the
+/// calls left pending. `namedax::mpi::set_timeout(std::chrono::seconds(30))`.
+inline void set_timeout(std::chrono::duration<double> t) { detail::timeout_seconds() = t.count(); }
+[[nodiscard]] inline std::chrono::duration<double> timeout() { return std::chrono::duration<double>(detail::timeout_seconds()); }
+
+namespace detail {
 using namespace namedax::detail;
 
 /// Turns a failed MPI call into a namedax::error with MPI's own error string.
@@ -89,6 +118,9 @@ void nan_propagating(void* in, void* inout, int* length, MPI_Datatype*) {
 /// notice that another process failed: then the call is left pending and this throws a
 /// collective_error naming that process (defined after the grid, which names processes).
 inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view call);
+/// Waits for `requests` with the watchdog only: for the agreements, where a failing process
+/// meets the others, so that no notice may end the wait.
+inline void wait_watched(MPI_Request* requests, int count, std::string_view call);
 
 /// The requests of the nonblocking calls in flight, which progress_hook tests (defined after
 /// the mesh, which keeps them).
@@ -292,12 +324,27 @@ struct mesh {
   // Communicators left with a pending call, and what that call may still write to: kept for
   // the rest of the program.
   std::vector<std::unique_ptr<channel>> abandoned;
+  // The watchdog: a process that waited past the timeout asks every other one where it is
+  // (a query), each one waiting in a namedax call answers, and the first to give up sends
+  // its findings (a report) to the others, on a communicator of their own.
+  MPI_Comm status = MPI_COMM_NULL;
+  std::list<std::pair<MPI_Request, std::string>> status_sent;  // sends in flight, with their text (which must not move)
+  bool timed_out = false;  // the processes no longer make the same calls
+  // The flight record: the last calls of this process, for the report of a timeout.
+  struct flight {
+    std::uint64_t sequence;
+    std::string what, signature;
+    const char* state;
+  };
+  std::vector<flight> flights;
 
   mesh() {
     check(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
     check(MPI_Comm_dup(MPI_COMM_WORLD, &notices), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(notices, MPI_ERRORS_RETURN);
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &status), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(status, MPI_ERRORS_RETURN);
     int s = 0, r = 0;
     MPI_Comm_size(world, &s), MPI_Comm_rank(world, &r);
     size = static_cast<std::size_t>(s), rank = static_cast<std::size_t>(r);
@@ -308,6 +355,8 @@ struct mesh {
   ~mesh() {
     channels.clear();
     for (auto& c : abandoned) (void)c.release();  // their pending calls never complete: never freed
+    for (auto& [request, text] : status_sent) MPI_Request_free(&request);  // small: MPI completes them
+    MPI_Comm_free(&status);
     MPI_Comm_free(&notices);
     MPI_Comm_free(&world);
   }
@@ -440,15 +489,23 @@ class grid final : public process_grid {
   }
 
   void agree(std::string_view signature, std::string_view what) override {
-    if (agree_on_every_collective()) agree_always(signature, what);
-    else mesh_->caller = this, mesh_->what = what, ++mesh_->agreements, mesh_->call_done = false;
+    if (agree_on_every_collective()) {
+      agree_always(signature, what);
+    } else {
+      mesh_->caller = this, mesh_->what = what, ++mesh_->agreements, mesh_->call_done = false;
+      record_flight(signature, what, "started");
+    }
   }
 
   void agree_always(std::string_view signature, std::string_view what) override {
     mesh_->caller = this, mesh_->what = what, ++mesh_->agreements, mesh_->call_done = false;
+    record_flight(signature, what, "agreeing");
     const std::uint64_t mine = fingerprint_of(signature);
     std::uint64_t seen[2] = {mine, ~mine};  // max and ~min over the processes: equal when all agree
-    check(MPI_Allreduce(MPI_IN_PLACE, seen, 2, MPI_UINT64_T, MPI_MAX, mesh_->world), "MPI_Allreduce");
+    MPI_Request request;
+    check(MPI_Iallreduce(MPI_IN_PLACE, seen, 2, MPI_UINT64_T, MPI_MAX, mesh_->world, &request), "MPI_Allreduce");
+    wait_watched(&request, 1, "the agreement before it, MPI_Allreduce");
+    mesh_->flights.back().state = "started";
     if (seen[0] == ~seen[1]) {
       // Every process threw the same: each one sent its notice to every other.
       if (signature.starts_with(threw_marker)) {
@@ -502,6 +559,16 @@ class grid final : public process_grid {
   }
 
  private:
+  /// Keeps the call in the flight record, the last 16 calls.
+  void record_flight(std::string_view signature, std::string_view what, const char* state) {
+    auto& record = mesh_->flights;
+    if (record.size() == 16) record.erase(record.begin());
+    std::string printable(signature);
+    for (char& c : printable)
+      if (static_cast<unsigned char>(c) < 0x20) c = '?';
+    record.push_back({mesh_->agreements, std::string(what), std::move(printable), state});
+  }
+
   static constexpr std::string_view threw_marker = "\x01threw: ";
   static constexpr std::string_view interrupted_marker = "\x01interrupted";
 
@@ -568,17 +635,170 @@ class grid final : public process_grid {
   std::size_t place_;  // this process's place among them
 };
 
+// ---------------------------------------------------------------- the watchdog
+
+/// Where this process is, as an answer to a query: "<sequence>\x03<what>".
+inline std::string whereabouts(const mesh& m) {
+  return message(m.agreements, '\x03', m.what.empty() ? std::string_view("namedax::mpi::pmap") : m.what);
+}
+
+inline void send_status(mesh& m, int to, int tag, std::string text) {
+  auto& [request, kept] = m.status_sent.emplace_back(MPI_REQUEST_NULL, std::move(text));
+  check(MPI_Isend(kept.data(), count_of(kept.size(), "MPI_Isend"), MPI_CHAR, to, tag, m.status, &request), "MPI_Isend");
+}
+
+inline std::string receive_status(mesh& m, const MPI_Status& probed) {
+  int length = 0;
+  MPI_Get_count(&probed, MPI_CHAR, &length);
+  std::string text(static_cast<std::size_t>(length), '\0');
+  check(MPI_Recv(text.data(), length, MPI_CHAR, probed.MPI_SOURCE, probed.MPI_TAG, m.status, MPI_STATUS_IGNORE),
+        "MPI_Recv");
+  return text;
+}
+
+enum status_tag : int { query = 1, answer = 2, report = 3 };
+
+/// Answers the queries of processes that gave up waiting, and lets go of completed sends.
+inline void answer_queries(mesh& m) {
+  int arrived = 0;
+  MPI_Status probed;
+  for (;;) {
+    check(MPI_Iprobe(MPI_ANY_SOURCE, status_tag::query, m.status, &arrived, &probed), "MPI_Iprobe");
+    if (!arrived) break;
+    (void)receive_status(m, probed);
+    send_status(m, probed.MPI_SOURCE, status_tag::answer, whereabouts(m));
+  }
+  std::erase_if(m.status_sent, [](auto& sent) {
+    int done = 0;
+    MPI_Test(&sent.first, &done, MPI_STATUS_IGNORE);
+    return done != 0;
+  });
+}
+
+/// Writes the flight record where NAMEDAX_MPI_FLIGHT_RECORD says: "stderr", or a path to
+/// which ".<rank>" is appended.
+inline void write_flight_record(const mesh& m, std::string_view where, std::string_view ending) {
+  const char* target = std::getenv("NAMEDAX_MPI_FLIGHT_RECORD");
+  if (!target || !*target) return;
+  std::string text = message("namedax flight record of process ", where, ", its last ", m.flights.size(),
+                             " collective calls (oldest first):\n");
+  for (const auto& f : m.flights)
+    text += message("  call ", f.sequence, ": ", f.what.empty() ? std::string_view("namedax::mpi::pmap") : f.what,
+                    " [", f.signature, "] ", f.state, "\n");
+  text += message("  then: ", ending, "\n");
+  if (std::string_view(target) == "stderr") {
+    std::fputs(text.c_str(), stderr);
+  } else if (std::FILE* file = std::fopen(message(target, '.', m.rank).c_str(), "w")) {
+    std::fputs(text.c_str(), file);
+    std::fclose(file);
+  }
+}
+
+/// What the processes answer within `grace` seconds of this one's query: which did not
+/// arrive at call `sequence` (no answer, or an answer from another call).
+inline std::string census(mesh& m, double grace) {
+  std::vector<std::string> answers(m.size);
+  std::vector<char> answered(m.size, 0);
+  answered[m.rank] = 1;
+  for (std::size_t r = 0; r < m.size; ++r)
+    if (r != m.rank) send_status(m, static_cast<int>(r), status_tag::query, "?");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace);
+  std::size_t missing = m.size - 1;
+  while (missing > 0 && std::chrono::steady_clock::now() < until) {
+    answer_queries(m);  // the others may be asking too
+    int arrived = 0;
+    MPI_Status probed;
+    check(MPI_Iprobe(MPI_ANY_SOURCE, status_tag::answer, m.status, &arrived, &probed), "MPI_Iprobe");
+    if (!arrived) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      continue;
+    }
+    const auto from = static_cast<std::size_t>(probed.MPI_SOURCE);
+    answers[from] = receive_status(m, probed);
+    if (!answered[from]) answered[from] = 1, --missing;
+  }
+  std::string silent, elsewhere;
+  for (std::size_t r = 0; r < m.size; ++r) {
+    if (!answered[r]) {
+      silent += message(silent.empty() ? "" : ", ", "rank ", r);
+    } else if (r != m.rank) {
+      const auto cut = answers[r].find('\x03');
+      const std::uint64_t at = std::stoull(answers[r].substr(0, cut));
+      if (at != m.agreements)
+        elsewhere += message(elsewhere.empty() ? "" : ", ", "rank ", r, " waits in call ", at, " (",
+                             answers[r].substr(cut + 1), ")");
+    }
+  }
+  if (silent.empty() && elsewhere.empty())
+    return "every process waits in this call (it is slow, or MPI makes no progress)";
+  std::string text = "processes that did not arrive: ";
+  if (!silent.empty()) text += message(silent, " (no answer: returned, died, or busy outside namedax's calls)");
+  if (!elsewhere.empty()) text += message(silent.empty() ? "" : "; ", elsewhere);
+  return text;
+}
+
+/// "<what> on process <path>", for the messages of a wait.
+inline std::string waiter(const mesh& m) {
+  return message(m.what.empty() ? std::string_view("namedax::mpi::pmap") : m.what, " on process ",
+                 m.caller ? m.caller->path() : message("rank ", m.rank));
+}
+
+/// The watchdog's turn in a wait that has spun for a while: answers queries, ends the wait
+/// with the report of a process that gave up, or gives up itself past the deadline: asks
+/// the others where they are, tells them what it found, and throws.
+inline void watch(mesh& m, std::string_view call, std::chrono::steady_clock::time_point since) {
+  answer_queries(m);
+  int arrived = 0;
+  MPI_Status probed;
+  check(MPI_Iprobe(MPI_ANY_SOURCE, status_tag::report, m.status, &arrived, &probed), "MPI_Iprobe");
+  if (arrived) {
+    const std::string report = receive_status(m, probed);
+    m.failed = m.timed_out = true;
+    if (!m.flights.empty()) m.flights.back().state = "waiting";
+    write_flight_record(m, m.caller ? m.caller->path() : message("rank ", m.rank), report);
+    throw collective_error(message(waiter(m), ": ", report));
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  const double limit = timeout_seconds();
+  if (waited < limit) return;
+  const std::string found = census(m, std::clamp(limit / 4, 0.2, 2.0));
+  const std::string path = m.caller ? m.caller->path() : message("rank ", m.rank);
+  const std::string what_happened =
+      message("waited ", limit, " s in collective call ", m.agreements, " (", call, ") and gave up; ", found);
+  for (std::size_t r = 0; r < m.size; ++r)
+    if (r != m.rank) send_status(m, static_cast<int>(r), status_tag::report, message("process ", path, ' ', what_happened));
+  m.failed = m.timed_out = true;
+  if (!m.flights.empty()) m.flights.back().state = "timed out";
+  write_flight_record(m, path, what_happened);
+  throw collective_error(message(waiter(m), ": ", what_happened, "; end the program (MPI_Abort)"));
+}
+
+inline void wait_watched(MPI_Request* requests, int count, std::string_view call) {
+  mesh& m = *current_mesh();
+  const auto since = std::chrono::steady_clock::now();
+  int done = 0;
+  for (unsigned polls = 0;; ++polls) {
+    check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), call);
+    if (done) return;
+    if (polls > 4096) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    else if (polls > 256) std::this_thread::yield();
+    if (polls > 256) watch(m, call, since);
+  }
+}
+
 inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view call) {
   mesh& m = *current_mesh();
   int done = 0, noticed = 0;
   MPI_Status status;
   std::string notice;
+  const auto since = std::chrono::steady_clock::now();
   // Spin first (a small call completes within microseconds), then yield the core to the
   // other processes and threads on it, then sleep.
   for (unsigned polls = 0;; ++polls) {
     check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), call);
     if (done) {
       m.call_done = true;
+      if (!m.flights.empty()) m.flights.back().state = "done";
       return;
     }
     check(MPI_Iprobe(MPI_ANY_SOURCE, 0, m.notices, &noticed, &status), "MPI_Iprobe");
@@ -596,6 +816,7 @@ inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view c
     // computing (a peer's oversubscribed threads, whose work the call waits for).
     if (polls > 4096) std::this_thread::sleep_for(std::chrono::microseconds(20));
     else if (polls > 256) std::this_thread::yield();
+    if (polls > 256) watch(m, call, since);
   }
   // This call stays pending (its communicator is dropped at the agreement that settles the failure).
   const auto cut = notice.find('\x02');
@@ -612,6 +833,9 @@ inline std::shared_ptr<process_grid> enclosing_grid(std::string_view name) {
          "put the process map outside");
   auto& m = current_mesh();
   if (!m) fail("namedax::mpi::pmap<\"", name, "\">: MPI is not set up; create a namedax::mpi::environment first");
+  if (m->timed_out)
+    fail<collective_error>("namedax::mpi::pmap<\"", name, "\">: a collective over processes timed out earlier in this "
+                           "program, so the processes no longer make the same calls; end the program (MPI_Abort)");
   m->failed = false;  // a failure caught by the program is over: the next one must be told
   m->caller = nullptr, m->what = {};
   const auto& stack = frames();
@@ -630,6 +854,8 @@ class environment {
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
   ~environment() {
+    // After a timeout MPI_Finalize could wait forever for a process that never comes.
+    if (detail::current_mesh() && detail::current_mesh()->timed_out) MPI_Abort(MPI_COMM_WORLD, 1);
     detail::current_mesh().reset();
     int finalized = 0;
     MPI_Finalized(&finalized);

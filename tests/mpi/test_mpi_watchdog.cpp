@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: MIT
+// The MPI watchdog, run under mpirun on 3 processes with a short NAMEDAX_MPI_TIMEOUT: the last
+// process misbehaves as the scenario (the first argument) says, and the others must each end
+// with a collective_error that names the collective, the call and the missing process,
+// within the deadline, instead of waiting forever.
+//   early_return   the last process returns from main without calling the process map
+//   stuck          the last process hangs in its own code inside the map, before a psum
+//   stuck_late     the same, and process 1 comes to the psum late (after 0.6 of the timeout):
+//                  process 0 gives up first, and process 1 ends with its report
+//   killed         the last process is killed by a signal inside the map (mpirun must keep
+//                  the job running: --enable-recovery)
+// The survivors check their messages and the time they took; rank 0 gathers the verdicts and
+// prints "watchdog passed" or "watchdog FAILED: ..." (what CTest looks for), then the
+// environment ends the program with MPI_Abort, as it does after a timeout.
+#include <namedax/mpi.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+using namespace namedax::literals;
+
+namespace {
+
+/// What is wrong with this survivor's outcome, or "" when it is what the watchdog promises.
+std::string verdict(const std::string& scenario, const std::string& text, double seconds, int rank) {
+  const double limit = namedax::mpi::timeout().count();
+  auto expect = [&](const std::string& part) {
+    return text.find(part) != std::string::npos ? std::string() : "no \"" + part + "\" in: " + text;
+  };
+  if (scenario == "stuck_late" && rank == 1)
+    if (auto wrong = expect("on process i=1 (rank 1): process i=0 (rank 0) waited "); !wrong.empty()) return wrong;
+  for (const std::string part :
+       {std::string(scenario == "early_return" ? "namedax::mpi::pmap" : "namedax::psum over ('i',)"), std::string(" on process "),
+        std::string(" s in collective call "), std::string(") and gave up; "),
+        std::string("processes that did not arrive: rank 2 (no answer: returned, died, or busy outside namedax's calls)")})
+    if (auto wrong = expect(part); !wrong.empty()) return wrong;
+  // The deadline, the census (at most 2 s) and a loaded machine's slack.
+  if (seconds > limit + 20) return "took " + std::to_string(seconds) + " s with a timeout of " + std::to_string(limit) + " s";
+  // The flight record, where the test asks for one: this process's last calls.
+  if (const char* record = std::getenv("NAMEDAX_MPI_FLIGHT_RECORD")) {
+    std::ifstream file(std::string(record) + "." + std::to_string(rank));
+    std::stringstream contents;
+    contents << file.rdbuf();
+    if (contents.str().find("namedax flight record of process ") == std::string::npos ||
+        contents.str().find("then: ") == std::string::npos)
+      return "no flight record in " + std::string(record) + "." + std::to_string(rank) + ": " + contents.str();
+  }
+  return "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namedax::mpi::environment env(argc, argv);
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  const int rank = env.rank(), last = env.size() - 1;
+  if (env.size() != 3 || (scenario != "early_return" && scenario != "stuck" && scenario != "stuck_late" &&
+                          scenario != "killed")) {
+    if (rank == 0) std::printf("watchdog FAILED: run on 3 processes with early_return, stuck, stuck_late or killed\n");
+    return 1;
+  }
+  if (rank == last && scenario == "early_return") return 0;  // never calls the map
+
+  auto body = [&](auto x) {
+    if (rank == last && scenario == "killed") std::raise(SIGKILL);
+    if (rank == last) std::this_thread::sleep_for(std::chrono::minutes(5));  // stuck in its own code
+    if (rank == 1 && scenario == "stuck_late") std::this_thread::sleep_for(0.6 * namedax::mpi::timeout());
+    return namedax::psum(x, "i"_ax);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  std::string text = "no error";
+  try {
+    (void)namedax::mpi::pmap<"i">(body)(xt::xarray<float>{1, 2, 3});
+  } catch (const namedax::collective_error& e) {
+    text = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::string wrong = verdict(scenario, text, seconds, rank);
+  // A later process map fails at once, naming the timeout.
+  try {
+    (void)namedax::mpi::pmap<"i">(body)(xt::xarray<float>{1, 2, 3});
+    wrong += " a process map after the timeout ran";
+  } catch (const namedax::collective_error& e) {
+    if (std::string(e.what()).find("timed out earlier in this program") == std::string::npos)
+      wrong += std::string(" a process map after the timeout said: ") + e.what();
+  }
+
+  // Rank 1 tells rank 0 (point to point: the collectives wait for rank 2), which prints.
+  if (rank == 1) {
+    MPI_Send(wrong.data(), static_cast<int>(wrong.size()), MPI_CHAR, 0, 99, MPI_COMM_WORLD);
+    char done = 0;
+    MPI_Recv(&done, 1, MPI_CHAR, 0, 98, MPI_COMM_WORLD, MPI_STATUS_IGNORE);  // until rank 0 has printed
+  } else {
+    MPI_Status status;
+    MPI_Probe(1, 99, MPI_COMM_WORLD, &status);
+    int length = 0;
+    MPI_Get_count(&status, MPI_CHAR, &length);
+    std::string other(static_cast<std::size_t>(length), '\0');
+    MPI_Recv(other.data(), length, MPI_CHAR, 1, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    if (wrong.empty() && other.empty())
+      std::printf("watchdog passed (%s): rank 0 said: %s\n", scenario.c_str(), text.c_str());
+    else
+      std::printf("watchdog FAILED (%s): rank 0: %s | rank 1: %s\n", scenario.c_str(), wrong.c_str(), other.c_str());
+    std::fflush(stdout);
+    const char done = 1;
+    MPI_Send(&done, 1, MPI_CHAR, 1, 98, MPI_COMM_WORLD);
+  }
+  return 0;  // the environment aborts the program: MPI cannot finalize with rank 2 missing
+}
