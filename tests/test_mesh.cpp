@@ -7,6 +7,11 @@
 #include <boost/hana/define_struct.hpp>
 #include <xtensor/xadapt.hpp>
 
+#include <atomic>
+#include <new>
+#include <stdexcept>
+#include <string>
+
 using namespace namedax::literals;
 
 namespace {
@@ -109,9 +114,59 @@ void check_spec(const spec_description& description, std::size_t rank, std::mt19
   }
 }
 
+/// One device of a shard_map throws at one fault point of a collective, once.
+bool fault_active = false;
+namedax::detail::fault_point fault_at = namedax::detail::fault_point::arrival;
+std::atomic<int> faults_fired{0};
+thread_local bool fault_armed = false;
+void inject(namedax::detail::fault_point point, std::string_view) {
+  if (!fault_armed || point != fault_at) return;
+  fault_armed = false;
+  ++faults_fired;
+  if (point == namedax::detail::fault_point::allocation) throw std::bad_alloc();
+  throw std::runtime_error("injected fault");
+}
+
 }  // namespace
 
 TEST_SUITE("shard_map") {
+  TEST_CASE("a device that fails at any point of a collective inside shard_map fails the call cleanly, no hang") {
+    namedax::detail::fault_injection() = &inject;
+    namedax::mesh m{namedax::devices<"data">(2), namedax::devices<"model">(2)};
+    const xt::xarray<double> x = xt::arange<double>(64.).reshape({4, 16});
+    auto body = [](auto b) {
+      if (fault_active && namedax::axis_index("model"_ax) == 1 && namedax::axis_index("data"_ax) == 0) fault_armed = true;
+      auto summed = namedax::psum(b, "model"_ax);
+      auto gathered = namedax::all_gather(summed, "data"_ax, {.tiled = true});
+      fault_armed = false;
+      return namedax::eval(gathered * 1.0);
+    };
+    auto f = namedax::shard_map(body, m, namedax::P("data"_ax, "model"_ax), namedax::P(namedax::none, "model"_ax));
+    const xt::xarray<double> expected = f(x);
+    CHECK(faults_fired == 0);
+    fault_active = true;
+    for (auto point : {namedax::detail::fault_point::arrival, namedax::detail::fault_point::exchanged,
+                       namedax::detail::fault_point::reading, namedax::detail::fault_point::allocation}) {
+      INFO("fault point ", static_cast<int>(point));
+      fault_at = point, faults_fired = 0;
+      std::string caught = "no error";
+      try {
+        const xt::xarray<double> out = f(x);
+        CHECK_BITWISE(out, expected);  // a point this call does not pass never fires
+      } catch (const std::bad_alloc&) {
+        caught = "bad_alloc";
+      } catch (const std::exception& e) {
+        caught = e.what();
+      }
+      if (point != namedax::detail::fault_point::allocation) CHECK(faults_fired == 1);
+      if (faults_fired == 1)
+        CHECK(caught.find(point == namedax::detail::fault_point::allocation ? "bad_alloc" : "injected fault") !=
+              std::string::npos);
+    }
+    fault_active = false;
+    namedax::detail::fault_injection() = nullptr;
+  }
+
   TEST_CASE("JAX's examples: axis_index over a (4, 2) mesh, all_gather tiled, psum to P()") {
     // jax.lax.axis_index's documented example: out_specs P('i', 'j') of axis_index(('i', 'j'))[None, None].
     namedax::mesh m{namedax::devices<"i">(4), namedax::vectorized<"j">(2)};
