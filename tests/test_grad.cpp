@@ -4,7 +4,8 @@
 // step 1e-6), in vmap, pmap, nested maps and a mesh, vmap and pmap agreeing bit for bit; the
 // variance semantics (replicated parameters, psum of a loss, varying results), ties of
 // pmax/pmin and of the local extremes, constants (pargmax, integers, bools, stop_gradient),
-// grad outside any map, pytrees, value_and_grad, vjp and the error of a non-scalar result.
+// grad outside any map, pytrees, value_and_grad, vjp, the error of a non-scalar result and
+// of a cotangent of another shape, and nested derivatives (an error until they are supported).
 //
 // One generic checker serves every rule: a family of rules is one function `f(x, c, op)` that
 // picks the rule by the runtime number `op`, so each family is compiled once per placement.
@@ -554,6 +555,83 @@ TEST_SUITE("grad") {
     CHECK(message.find("scalar") != std::string::npos);
     CHECK(error_of([&] { (void)namedax::value_and_grad([](const auto& v) { return namedax::sum(v, 0); })(x); })
               .find("namedax::value_and_grad") != std::string::npos);
+  }
+
+  TEST_CASE("vjp: a cotangent of another shape than the output is a namedax::error naming both shapes") {
+    std::mt19937 rng(27);
+    const xt::xarray<double> x = uniform(rng, {2, 3}, -1, 1);
+    const xt::xarray<double> ct = uniform(rng, {2, 3}, -1, 1);
+    const xt::xarray<double> transposed_ct = xt::transpose(ct);
+    const std::string fix = "; give the pullback a cotangent of the output's shape, as jax.vjp";
+    const std::string transposed = "namedax::vjp: the cotangent has positional shape (3, 2) but the output it stands "
+                                   "for has positional shape (2, 3) (dim 0 has size 3, not 2)" + fix;
+    // Not structured bindings: the lambdas below capture them (clang 14).
+    auto sin_vjp = namedax::vjp([](const auto& u) { return namedax::sin(u); }, x);
+    using Y = decltype(sin_vjp.first);
+    const auto& pullback = sin_vjp.second;
+    // Fewer dims, which xtensor would broadcast silently; the same rank with other sizes, as a
+    // plain array and as a named value of the output's type; a scalar.
+    CHECK(error_of([&] { (void)pullback(xt::xarray<double>{1.0, 2.0, 3.0}); }) ==
+          "namedax::vjp: the cotangent has positional shape (3,) but the output it stands for has positional shape "
+          "(2, 3) (rank 1, not 2)" + fix);
+    CHECK(error_of([&] { (void)pullback(transposed_ct); }) == transposed);
+    CHECK(error_of([&] { (void)pullback(Y(namedax::detail::share_array(xt::xarray<double>(transposed_ct)))); }) == transposed);
+    CHECK(error_of([&] { (void)pullback(2.0); }) ==
+          "namedax::vjp: the cotangent has positional shape () but the output it stands for has positional shape "
+          "(2, 3) (rank 0, not 2)" + fix);
+    // The refused calls recorded nothing: the pullback still gives the right cotangent.
+    check_exact("after the errors", std::get<0>(pullback(ct)), ct * xt::cos(x));
+    // A scalar is the cotangent of a scalar result.
+    auto [sum_of_sin, scalar_pullback] = namedax::vjp([](const auto& u) { return namedax::sum(namedax::sin(u)); }, x);
+    check_exact("a scalar cotangent", std::get<0>(scalar_pullback(2.0)), 2.0 * xt::cos(x));
+    // A pytree result: each leaf is checked, and named.
+    auto pair_vjp = namedax::vjp([](const auto& u) { return std::tuple{namedax::sin(u), namedax::sum(u)}; }, x);
+    const auto& pair_pullback = pair_vjp.second;
+    CHECK(error_of([&] { (void)pair_pullback(std::tuple{ct, xt::xarray<double>{1.0, 2.0}}); }) ==
+          "namedax::vjp: the cotangent of result 1 has positional shape (2,) but the output it stands for has "
+          "positional shape () (rank 1, not 0)" + fix);
+    CHECK(error_of([&] { (void)pair_pullback(std::tuple{transposed_ct, 1.0}); }) ==
+          "namedax::vjp: the cotangent of result 0 has positional shape (3, 2) but the output it stands for has "
+          "positional shape (2, 3) (dim 0 has size 3, not 2)" + fix);
+    check_exact("a pytree cotangent", std::get<0>(pair_pullback(std::tuple{ct, 2.0})), ct * xt::cos(x) + 2.0);
+    // Inside vmap and pmap: a mapped cotangent (the positional shapes compared, the mapped
+    // axis apart), and a plain array, a constant for every index.
+    const xt::xarray<double> xs = uniform(rng, {4, 2, 3}, -1, 1);
+    const xt::xarray<double> cts = uniform(rng, {4, 3, 2}, -1, 1);
+    auto mapped = [](const auto& u, const auto& c) {
+      auto [o, pb] = namedax::vjp([](const auto& v) { return namedax::sin(v); }, u);
+      return std::get<0>(pb(c));
+    };
+    CHECK(error_of([&] { (void)namedax::vmap<"i">(mapped)(xs, cts); }) == transposed);
+    CHECK(error_of([&] { (void)namedax::pmap<"i">(mapped)(xs, cts); }) == transposed);
+    auto constant = [ct = transposed_ct](const auto& u) {
+      auto [o, pb] = namedax::vjp([](const auto& v) { return namedax::sin(v); }, u);
+      return std::get<0>(pb(ct));
+    };
+    CHECK(error_of([&] { (void)namedax::vmap<"i">(constant)(xs); }) == transposed);
+    CHECK(error_of([&] { (void)namedax::pmap<"i">(constant)(xs); }) == transposed);
+  }
+
+  TEST_CASE("grad of a function that closes over a traced value of an enclosing grad: an error, not a constant") {
+    const xt::xarray<double> x{0.5, 1.0};
+    // d/dx sum(x * g(x)), g(x) the gradient of sum(u * x) in u: x, so the result is 2 x, which
+    // a nested derivative would give; without one, the inner gradient is not a constant.
+    auto outer = [](const auto& t) {
+      const xt::xarray<double> ones = xt::ones<double>({2});
+      auto inner = namedax::grad([&t](const auto& u) { return namedax::sum(u * t); })(ones);
+      return namedax::sum(t * inner);
+    };
+    CHECK(error_of([&] { (void)namedax::grad(outer)(x); }) ==
+          "namedax::grad: higher-order derivatives are not supported yet: the function given to grad uses a traced "
+          "value of an enclosing grad or vjp (captured, not passed as an argument); hold it constant with "
+          "namedax::stop_gradient");
+    // Held constant, as the message says: the gradient of sum(x * stop_gradient(x)).
+    auto held = [](const auto& t) {
+      const xt::xarray<double> ones = xt::ones<double>({2});
+      auto inner = namedax::grad([&t](const auto& u) { return namedax::sum(u * namedax::stop_gradient(t)); })(ones);
+      return namedax::sum(t * inner);
+    };
+    check_exact("held constant", namedax::grad(held)(x), x);
   }
 
   TEST_CASE("grad inside shard_map over a mesh of a device axis and a vectorized axis") {

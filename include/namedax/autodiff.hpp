@@ -34,7 +34,9 @@ concept TracedOperands = ((Traced<Xs> || Operand<Xs>) && ...) && (Traced<Xs> || 
 /// `grad(f)(x, rest...)`: the gradient of the scalar `f(x, rest...)` in x (a pytree: the
 /// result has x's structure and types), the other arguments held constant (jax.grad with
 /// argnums=0). f's result must have positional shape []; where it varies along names, the
-/// gradient is that of its sum over them. Integer and bool leaves get zeros.
+/// gradient is that of its sum over them. Integer and bool leaves get zeros. First order only:
+/// `grad(grad(f))` (any traced argument) stops at a static_assert that says so, and a function
+/// that captures a traced value of an enclosing grad throws namedax::error.
 template <class F>
 auto grad(F f) {
   return detail::ad::gradient<F, false>{std::move(f)};

@@ -2,7 +2,8 @@
 // Reverse-mode differentiation behind namedax/autodiff.hpp: the recorded program (a graph of
 // cells, one per operation on traced values, each holding its primal and a pullback), the
 // sweep that runs the pullbacks newest first, the fit of a contribution to its operand's type,
-// the helpers every rule is written with (record, elementwise, linear, reduce, add_at), and
+// the helpers every rule is written with (record, elementwise, linear, reduce, add_at), the
+// checks of vjp's cotangents and of nested derivatives (not supported yet), and
 // the rules the other headers hand traced values to through detail/traced.hpp: the
 // collectives (through the linear maps of namedax/transpose.hpp), pdot, xeinsum's product,
 // the collective matmuls and the structural operations.
@@ -28,6 +29,8 @@
 #include <numeric>
 #include <numbers>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <unordered_set>
@@ -60,14 +63,19 @@ struct node {
   /// Drops the cotangent, so that a pullback may run again.
   virtual void forget() = 0;
 
+  /// The order the next node made will have: a trace's nodes, made after it is read, have it
+  /// or more, so an older node in its program is one of an enclosing trace.
+  static std::uint64_t upcoming_order() { return counter().load(std::memory_order_relaxed); }
+
   std::vector<std::shared_ptr<node>> parents;
   std::uint64_t order;
 
  private:
-  static std::uint64_t next_order() {
-    static std::atomic<std::uint64_t> counter{0};
-    return counter.fetch_add(1, std::memory_order_relaxed);
+  static std::atomic<std::uint64_t>& counter() {
+    static std::atomic<std::uint64_t> count{0};
+    return count;
   }
+  static std::uint64_t next_order() { return counter().fetch_add(1, std::memory_order_relaxed); }
 };
 
 template <class R, class N>
@@ -416,11 +424,17 @@ auto primal_tree(const Y& y) {
   });
 }
 
-/// Runs the pullbacks of a recorded program: `seed` has given the outputs their cotangents;
-/// `read` then reads the inputs'. Cotangents are dropped afterwards, also when a pullback
-/// throws, so that the pullback may run again.
+/// Throws, for `verb`, when the program of a trace whose nodes have order `first` or more
+/// reaches an older node: the function closes over a traced value of an enclosing trace,
+/// whose derivative in that value would need the nested one (not supported yet).
+NAMEDAX_DECL void require_one_trace(std::string_view verb, const std::vector<node*>& nodes, std::uint64_t first);
+
+/// Runs the pullbacks of a recorded program, traced from node order `first` on: `seed` has
+/// given the outputs their cotangents; `read` then reads the inputs'. Cotangents are dropped
+/// afterwards, also when a pullback throws, so that the pullback may run again.
 template <class Read>
-auto run_pullbacks(const std::vector<std::shared_ptr<node>>& outputs, Read read) {
+auto run_pullbacks(std::string_view verb, const std::vector<std::shared_ptr<node>>& outputs, std::uint64_t first,
+                   Read read) {
   const auto nodes = reverse_program(outputs);
   struct forget_all {
     const std::vector<node*>& nodes;
@@ -428,6 +442,7 @@ auto run_pullbacks(const std::vector<std::shared_ptr<node>>& outputs, Read read)
       for (node* n : nodes) n->forget();
     }
   } guard{nodes};
+  require_one_trace(verb, nodes, first);
   for (node* n : nodes) n->propagate();
   return read();
 }
@@ -438,6 +453,8 @@ template <class N, class C>
 auto as_cotangent(const C& ct) {
   if constexpr (NamedValue<C>) {
     return ct;
+  } else if constexpr (std::is_arithmetic_v<C>) {
+    return as_cotangent<N>(xt::xarray<typename N::value_type>(static_cast<typename N::value_type>(ct)));
   } else {
     using T = typename N::value_type;
     using Env = typename N::env_type;
@@ -456,16 +473,73 @@ auto gradients_of(const X& x, const T& t) {
   return tree_unflatten<X>(grads);
 }
 
+/// Whether a pytree of type X has a traced leaf: an argument of a function that an enclosing
+/// grad or vjp is differentiating.
+template <class X>
+constexpr bool has_traced_leaf() {
+  using leaves = decltype(tree_leaves(std::declval<const X&>()));
+  return []<std::size_t... K>(std::index_sequence<K...>) {
+    return (false || ... || Traced<std::tuple_element_t<K, leaves>>);
+  }(std::make_index_sequence<std::tuple_size_v<leaves>>{});
+}
+
+/// The condition of the static_assert of a derivative of a derivative, given whether the
+/// arguments are traced: it prints as `higher_order_is_supported<false>`, not as the
+/// arguments' types.
+template <bool Supported>
+inline constexpr bool higher_order_is_supported = Supported;
+
+/// The positional shape of a cotangent given to a pullback, or of the output it stands for:
+/// a named or traced value's, an array's shape, [] for a scalar; none for a value that has no
+/// shape yet (axis_index waiting for its environment).
+template <class X>
+std::optional<std::vector<std::size_t>> positional_shape_of(const X& x) {
+  if constexpr (std::is_arithmetic_v<X>) {
+    return std::vector<std::size_t>{};
+  } else if constexpr (requires { x.shape(); }) {
+    const auto& shape = x.shape();  // a named value's is a new vector on each call
+    return std::vector<std::size_t>(shape.begin(), shape.end());
+  } else {
+    return std::nullopt;
+  }
+}
+
+/// Throws unless a cotangent given to vjp's pullback has the positional shape of the output
+/// it stands for (JAX's rule; xtensor would broadcast a smaller one silently, or fail with its
+/// own text), before any operation on it; `result` names the output's leaf in a pytree
+/// (" of result 1"), or is empty.
+NAMEDAX_DECL void check_cotangent_shape(std::string_view result, const std::vector<std::size_t>& given,
+                                        const std::vector<std::size_t>& expected);
+
+/// Each cotangent leaf against the output leaf it stands for (see check_cotangent_shape).
+template <class Out, class C>
+void check_cotangent_shapes(const Out& out, const C& ct) {
+  const auto out_leaves = tree_leaves(out);
+  const auto ct_leaves = tree_leaves(ct);
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    (
+        [&] {
+          const auto expected = positional_shape_of(std::get<K>(out_leaves));
+          const auto given = positional_shape_of(std::get<K>(ct_leaves));
+          if (expected && given) check_cotangent_shape(is_node<Out> ? message(" of result ", K) : "", *given, *expected);
+        }(),
+        ...);
+  }(std::make_index_sequence<leaf_count<Out>()>{});
+}
+
+/// vjp (and, through it, grad and value_and_grad, which name themselves as `verb`).
 template <class F, class... Xs>
-auto vjp_of_function(const F& f, const Xs&... xs) {
+auto trace_function(std::string_view verb, const F& f, const Xs&... xs) {
+  const std::uint64_t first = node::upcoming_order();
   // make_tuple, not std::tuple{...}: one argument that is itself a tuple must stay one argument.
   auto inputs = std::make_tuple(tree_map(xs, [](const auto& leaf) { return trace_leaf(leaf); })...);
   auto out = std::apply(f, inputs);
   using Out = decltype(out);
-  auto pullback = [inputs, out, originals = std::make_tuple(xs...)](const auto& ct) {
+  auto pullback = [verb, first, inputs, out, originals = std::make_tuple(xs...)](const auto& ct) {
     using C = std::remove_cvref_t<decltype(ct)>;
     static_assert(leaf_count<C>() == leaf_count<Out>(),
                   "namedax::vjp: the cotangent must have the structure of the function's result");
+    check_cotangent_shapes(primal_tree(out), ct);
     std::vector<std::shared_ptr<node>> outputs;
     const auto out_leaves = tree_leaves(out);
     const auto ct_leaves = tree_leaves(ct);
@@ -486,13 +560,27 @@ auto vjp_of_function(const F& f, const Xs&... xs) {
       for (const auto& o : outputs) o->forget();
       throw;
     }
-    return run_pullbacks(outputs, [&] {
+    return run_pullbacks(verb, outputs, first, [&] {
       return [&]<std::size_t... I>(std::index_sequence<I...>) {
         return std::make_tuple(gradients_of(std::get<I>(originals), std::get<I>(inputs))...);
       }(std::index_sequence_for<Xs...>{});
     });
   };
   return std::pair{primal_tree(out), std::move(pullback)};
+}
+
+template <class F, class... Xs>
+auto vjp_of_function(const F& f, const Xs&... xs) {
+  constexpr bool nested = (false || ... || has_traced_leaf<Xs>());
+  if constexpr (nested) {
+    static_assert(higher_order_is_supported<!nested>,
+                  "namedax::vjp: higher-order derivatives (vjp inside grad or vjp, of traced values) are not supported "
+                  "yet; apply it to namedax::stop_gradient of the traced values to hold its result constant");
+    // Only the assertion above is reported: a result of the types a nested vjp would give.
+    return std::pair{f(xs...), [xs...](const auto&) { return std::make_tuple(xs...); }};
+  } else {
+    return trace_function("vjp", f, xs...);
+  }
 }
 
 /// A cotangent of ones for a scalar result: the seed of grad.
@@ -518,11 +606,28 @@ struct gradient {
 
   template <class X, class... Rest>
   auto operator()(const X& x, const Rest&... rest) const {
-    constexpr std::string_view verb = WithValue ? "value_and_grad" : "grad";
-    auto [y, pullback] = vjp_of_function([&](const auto& t) { return f(t, rest...); }, x);
-    auto g = std::get<0>(pullback(ones_for(verb, y)));
-    if constexpr (WithValue) return std::pair{std::move(y), std::move(g)};
-    else return g;
+    constexpr bool nested = (has_traced_leaf<X>() || ... || has_traced_leaf<Rest>());
+    if constexpr (nested) {
+      // Only the assertion is reported: a result of the types a nested derivative would give.
+      if constexpr (WithValue) {
+        static_assert(higher_order_is_supported<!nested>,
+                      "namedax::value_and_grad: higher-order derivatives (value_and_grad inside grad) are not "
+                      "supported yet; apply the inner one to namedax::stop_gradient of its traced arguments to hold "
+                      "its result constant");
+        return std::pair{f(x, rest...), x};
+      } else {
+        static_assert(higher_order_is_supported<!nested>,
+                      "namedax::grad: higher-order derivatives (grad of grad) are not supported yet; apply the inner "
+                      "grad to namedax::stop_gradient of its traced arguments to hold its result constant");
+        return x;
+      }
+    } else {
+      constexpr std::string_view verb = WithValue ? "value_and_grad" : "grad";
+      auto [y, pullback] = trace_function(verb, [&](const auto& t) { return f(t, rest...); }, x);
+      auto g = std::get<0>(pullback(ones_for(verb, y)));
+      if constexpr (WithValue) return std::pair{std::move(y), std::move(g)};
+      else return g;
+    }
   }
 };
 
@@ -542,6 +647,30 @@ NAMEDAX_DECL std::vector<node*> reverse_program(const std::vector<std::shared_pt
   }
   std::sort(nodes.begin(), nodes.end(), [](const node* a, const node* b) { return a->order > b->order; });
   return nodes;
+}
+
+NAMEDAX_DECL void check_cotangent_shape(std::string_view result, const std::vector<std::size_t>& given,
+                                        const std::vector<std::size_t>& expected) {
+  if (given == expected) return;
+  std::string differs;
+  if (given.size() != expected.size()) {
+    differs = message("rank ", given.size(), ", not ", expected.size());
+  } else {
+    std::size_t d = 0;
+    while (given[d] == expected[d]) ++d;
+    differs = message("dim ", d, " has size ", given[d], ", not ", expected[d]);
+  }
+  fail("namedax::vjp: the cotangent", result, " has positional shape ", given,
+       " but the output it stands for has positional shape ", expected, " (", differs,
+       "); give the pullback a cotangent of the output's shape, as jax.vjp");
+}
+
+NAMEDAX_DECL void require_one_trace(std::string_view verb, const std::vector<node*>& nodes, std::uint64_t first) {
+  // Newest first: the oldest node is the last.
+  if (!nodes.empty() && nodes.back()->order < first)
+    fail("namedax::", verb, ": higher-order derivatives are not supported yet: the function given to ", verb,
+         " uses a traced value of an enclosing grad or vjp (captured, not passed as an argument); hold it constant "
+         "with namedax::stop_gradient");
 }
 #endif  // NAMEDAX_DEFINITIONS
 
