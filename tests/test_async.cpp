@@ -1,19 +1,32 @@
 // SPDX-License-Identifier: MIT
 // Asynchronous ppermute: the same bits as the blocking one in every placement, rings with
 // handles in flight, and the ways a program can misuse a handle (never waited, waited twice,
-// a device that throws or fails at each point of the exchange), each ending in a clear error
-// and never in a hang.
+// a device that throws or fails at each point of the exchange, dropped by a std::vector, many
+// dropped by namedax::async::handles), each ending in a clear error and never in a hang.
 #include "test_support.hpp"
 
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
+
+#if defined(__linux__)
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+extern char** environ;  // NOLINT: POSIX declares it in no header
+#endif
 
 using namespace namedax::literals;
 using namedax::detail::fault_point;
@@ -988,5 +1001,312 @@ TEST_SUITE("async collectives") {
       }
     }
     CHECK(faulted == 3 * 2 * 7);
+  }
+}
+
+namespace {
+
+/// What a child process of this test program wrote to stderr, and how it ended.
+struct child_outcome {
+  std::string err;
+  int status = 0;
+  bool timed_out = false;
+};
+
+#if defined(__linux__)
+/// Runs this test program again (its own executable) on the one skipped test case `test_case`,
+/// with NAMEDAX_TEST_CHILD=`mode` in its environment: a fresh process, so that what it does
+/// (end by std::terminate) touches neither this process nor its TBB threads, which a fork()
+/// would copy half-alive. Its stderr comes back through a pipe; its stdout (doctest's report)
+/// is dropped. A child still running after a minute is killed and reported as timed out.
+child_outcome run_child(const std::string& test_case, const std::string& mode) {
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e; ++e)
+    if (!std::string_view(*e).starts_with("NAMEDAX_TEST_CHILD=")) env_text.emplace_back(*e);
+  env_text.push_back("NAMEDAX_TEST_CHILD=" + mode);
+  std::vector<char*> envp;
+  for (auto& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string arg0 = "namedax_tests", arg1 = "--no-skip", arg2 = "--test-case=" + test_case;
+  std::array<char*, 4> argv{arg0.data(), arg1.data(), arg2.data(), nullptr};
+
+  child_outcome out;
+  int fds[2];
+  REQUIRE(pipe2(fds, O_CLOEXEC) == 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);  // dup2 clears O_CLOEXEC
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  REQUIRE(spawned == 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  char buffer[4096];
+  for (;;) {
+    pollfd p{fds[0], POLLIN, 0};
+    if (poll(&p, 1, 100) > 0) {
+      const ssize_t n = read(fds[0], buffer, sizeof buffer);
+      if (n <= 0) break;  // end of file: the child is gone
+      out.err.append(buffer, static_cast<std::size_t>(n));
+    } else if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      out.timed_out = true;
+      break;
+    }
+  }
+  close(fds[0]);
+  waitpid(pid, &out.status, 0);
+  return out;
+}
+#endif
+
+std::size_t count_of(const std::string& text, const std::string& part) {
+  std::size_t n = 0;
+  for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+/// Calls std::terminate while an exception unwinds past it: an exception in flight, none active
+/// (through a pointer the optimizer cannot follow, which would otherwise let the compiler end
+/// the program its own way).
+struct terminates_when_destroyed {
+  ~terminates_when_destroyed() {
+    void (*volatile end)() = std::terminate;
+    end();
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("async") {
+  // Run only by the test below, in a child process of its own (skipped in a plain run).
+  TEST_CASE("child process: pending handles in a std::vector dropped" * doctest::skip()) {
+    const char* mode = std::getenv("NAMEDAX_TEST_CHILD");
+    if (!mode) return;
+    std::signal(SIGABRT, SIG_DFL);  // doctest's handler would report a crash before the abort
+    xt::xarray<float> xs = xt::arange<float>(8).reshape({4, 2});
+    const std::string m = mode;
+    if (m == "pmap") {
+      // Device 2 keeps its pending handles in a std::vector, whose destructor may not throw;
+      // the others wait on theirs (device 2 left its blocks at the start).
+      namedax::pmap<"i">([](auto x) {
+        std::vector<decltype(namedax::async::psum(x, "i"_ax))> hs;
+        hs.push_back(namedax::async::psum(x, "i"_ax));
+        hs.push_back(namedax::async::psum(x * 2.0f, "i"_ax));
+        if (device_index(4) != 2)
+          for (auto& h : hs) (void)h.wait();
+        return namedax::eval(x);
+      })(xs);
+    } else if (m == "vmap" || m == "catch") {
+      auto drops = [](auto x) {
+        std::vector<decltype(namedax::async::psum(x, "i"_ax))> hs;
+        hs.push_back(namedax::async::psum(x, "i"_ax));
+        return namedax::eval(x);
+      };
+      if (m == "vmap") namedax::vmap<"i">(drops)(xs);
+      // In a catch block, the exception it handles is the active one, not the handle's.
+      try {
+        throw std::runtime_error("handled");
+      } catch (const std::runtime_error&) {
+        namedax::vmap<"i">(drops)(xs);
+      }
+    } else if (m == "stale") {
+      // A dropped handle's error, caught and gone, is not reported when the program later
+      // ends for another reason, even with another exception in flight.
+      const std::string e = namedax_test::error_of([&] {
+        namedax::vmap<"i">([](auto x) {
+          { auto h = namedax::async::psum(x, "i"_ax); }
+          return namedax::eval(x);
+        })(xs);
+      });
+      if (!contains(e, "a handle was dropped without wait()")) std::exit(3);
+      try {
+        terminates_when_destroyed t;
+        throw std::runtime_error("another error");
+      } catch (...) {
+      }
+    }
+  }
+
+  TEST_CASE("a pending handle dropped by a std::vector ends the program with a namedax line that names it") {
+#if defined(__linux__)
+    const std::string line = "namedax: terminating: namedax::async::psum over ('i',): a handle was dropped without "
+                             "wait()";
+    const std::string rest = "; call wait() on every handle an asynchronous collective returns (thrown by a "
+                             "destructor where no exception may leave, such as a std::vector's: keep many handles in "
+                             "a namedax::async::handles)\n";
+    const std::string child = "child process: pending handles in a std::vector dropped";
+    for (const std::string mode : {"pmap", "vmap", "catch", "stale"}) {
+      INFO("mode ", mode);
+      const child_outcome c = run_child(child, mode);
+      INFO("the child's stderr: ", c.err);
+      CHECK(!c.timed_out);
+      REQUIRE(WIFSIGNALED(c.status));
+      CHECK(WTERMSIG(c.status) == SIGABRT);
+      if (mode == "pmap") {
+        CHECK(contains(c.err, line + " on device i=2" + rest));
+        CHECK(count_of(c.err, "namedax: terminating:") == 1);
+      } else if (mode == "vmap" || mode == "catch") {
+        CHECK(contains(c.err, line + rest));
+        CHECK(count_of(c.err, "namedax: terminating:") == 1);
+      } else {
+        CHECK(!contains(c.err, "namedax:"));
+      }
+    }
+#else
+    MESSAGE("runs a child process through /proc/self/exe: Linux only");
+#endif
+  }
+
+  TEST_CASE("async::handles: wait_all gives the blocking collectives' bits, in the order started") {
+    std::mt19937 rng(37);
+    const auto xs = namedax_test::random_array<float>(rng, {4, 3});
+    std::array<std::size_t, 4> sizes{};
+    auto started = [&](auto x) {
+      namedax::async::handles<decltype(namedax::psum(x, "i"_ax))> hs;
+      for (int k = 0; k < 3; ++k) hs.push_back(namedax::async::psum(x * (k + 1.0f), "i"_ax));
+      auto sums = hs.wait_all();
+      sizes[static_cast<std::size_t>(device_index(4))] = sums.size() * 10 + hs.size();  // 3 results, none held
+      namedax::async::handles<decltype(namedax::ppermute(x, "i"_ax, ring(4)))> ring_steps;
+      ring_steps.push_back(namedax::async::ppermute(x, "i"_ax, ring(4)));
+      ring_steps.push_back(namedax::async::ppermute(x + 1.0f, "i"_ax, ring(4)));
+      auto shifted = ring_steps.wait_all();
+      return std::tuple{sums[0], sums[1], sums[2], shifted[0], shifted[1]};
+    };
+    auto blocking = [](auto x) {
+      return std::tuple{namedax::psum(x * 1.0f, "i"_ax), namedax::psum(x * 2.0f, "i"_ax),
+                        namedax::psum(x * 3.0f, "i"_ax), namedax::ppermute(x, "i"_ax, ring(4)),
+                        namedax::ppermute(x + 1.0f, "i"_ax, ring(4))};
+    };
+    const auto expected = namedax::vmap<"i">(blocking)(xs);
+    CHECK(namedax_test::tree_bitwise_equal(namedax::pmap<"i">(started)(xs), expected));
+    CHECK(sizes == std::array<std::size_t, 4>{30, 30, 30, 30});
+    CHECK(namedax_test::tree_bitwise_equal(namedax::vmap<"i">([](auto x) {
+      namedax::async::handles<decltype(namedax::psum(x, "i"_ax))> hs;
+      for (int k = 0; k < 3; ++k) hs.push_back(namedax::async::psum(x * (k + 1.0f), "i"_ax));
+      auto sums = hs.wait_all();
+      return std::tuple{sums[0], sums[1], sums[2], namedax::ppermute(x, "i"_ax, ring(4)),
+                        namedax::ppermute(x + 1.0f, "i"_ax, ring(4))};
+    })(xs), expected));
+  }
+
+  TEST_CASE("async::handles dropped with handles pending: one collective_error naming the count and the first, nothing hangs") {
+    xt::xarray<float> xs = xt::arange<float>(8).reshape({4, 2});
+    auto expected_error = [](const std::string& counts, const std::string& first) {
+      return "namedax::async::handles: " + counts + " handles were dropped without wait(), the first " + first +
+             "; call wait_all() (or wait() on each handle) before they go away";
+    };
+    // Every device waits on its first handle and drops two: each catches exactly one error,
+    // naming the first handle not waited (a pmax), then goes on with a blocking psum and a
+    // second round of handles: the mailboxes were left usable.
+    std::array<std::string, 4> errors;
+    std::array<int, 4> caught{};
+    bool on_devices = true;
+    auto each_drops = [&](auto x) {
+      const int d = on_devices ? device_index(4) : 0;
+      try {
+        namedax::async::handles<decltype(namedax::psum(x, "i"_ax))> hs;
+        hs.push_back(namedax::async::psum(x, "i"_ax));
+        hs.push_back(namedax::async::pmax(x, "i"_ax));
+        hs.push_back(namedax::async::pmin(x, "i"_ax));
+        (void)hs[0].wait();
+      } catch (const namedax::collective_error& e) {
+        ++caught[static_cast<std::size_t>(d)];
+        errors[static_cast<std::size_t>(d)] = e.what();
+      }
+      namedax::async::handles<decltype(namedax::psum(x, "i"_ax))> again;
+      again.push_back(namedax::async::psum(x * 3.0f, "i"_ax));
+      return namedax::psum(x, "i"_ax) + again.wait_all()[0];
+    };
+    const xt::xarray<float> expected =
+        namedax::vmap<"i">([](auto x) { return namedax::psum(x, "i"_ax) + namedax::psum(x * 3.0f, "i"_ax); })(xs);
+    CHECK_BITWISE(namedax::pmap<"i">(each_drops)(xs), expected);
+    for (int d = 0; d < 4; ++d) {
+      CHECK(caught[static_cast<std::size_t>(d)] == 1);
+      CHECK(errors[static_cast<std::size_t>(d)] ==
+            expected_error("2 of 3", "namedax::async::pmax over ('i',) on device i=" + std::to_string(d)));
+    }
+    caught = {}, errors = {}, on_devices = false;
+    CHECK_BITWISE(namedax::vmap<"i">(each_drops)(xs), expected);
+    CHECK(caught[0] == 1);
+    CHECK(errors[0] == expected_error("2 of 3", "namedax::async::pmax over ('i',)"));
+
+    // Only device 2 drops its three handles, uncaught; the others wait on theirs (its blocks
+    // were left at the start): the map reports device 2's one error, and nobody hangs.
+    auto one_drops = [](auto x) {
+      {
+        namedax::async::handles<decltype(namedax::psum(x, "i"_ax))> hs;
+        for (int k = 0; k < 3; ++k) hs.push_back(namedax::async::psum(x * (k + 1.0f), "i"_ax));
+        if (device_index(4) != 2) return namedax::eval(hs.wait_all()[2]);
+      }
+      return namedax::eval(namedax::psum(x, "i"_ax));
+    };
+    const std::string e = namedax_test::error_of([&] { namedax::pmap<"i">(one_drops)(xs); });
+    CHECK(e == expected_error("3 of 3", "namedax::async::psum over ('i',) on device i=2"));
+    // The mailboxes are usable again: the next map gives the blocking bits.
+    auto again = [](auto x) {
+      namedax::async::handles<decltype(namedax::psum(x, "i"_ax))> hs;
+      hs.push_back(namedax::async::psum(x, "i"_ax));
+      return hs.wait_all()[0];
+    };
+    CHECK_BITWISE(namedax::pmap<"i">(again)(xs), namedax::vmap<"i">([](auto x) { return namedax::psum(x, "i"_ax); })(xs));
+
+    // Assigned over while pending: the same one error; moved from: nothing to report.
+    auto assigned = [](auto x) {
+      namedax::async::handles<decltype(namedax::psum(x, "i"_ax))> hs, other;
+      hs.push_back(namedax::async::psum(x, "i"_ax));
+      other.push_back(namedax::async::psum(x * 2.0f, "i"_ax));
+      auto moved = std::move(other);
+      CHECK(other.empty());
+      hs = std::move(moved);
+      return namedax::eval(x);
+    };
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(assigned)(xs); }) ==
+          expected_error("1 of 1", "namedax::async::psum over ('i',)"));
+
+    // An exception unwinding past pending handles is the error reported, not the handles.
+    auto throws = [](auto x) {
+      namedax::async::handles<decltype(namedax::psum(x, "i"_ax))> hs;
+      hs.push_back(namedax::async::psum(x, "i"_ax));
+      hs.push_back(namedax::async::psum(x, "i"_ax));
+      if (device_index(4) == 1) throw std::runtime_error("thrown with two handles pending");
+      return hs.wait_all()[1];
+    };
+    for (int mode = 0; mode < 2; ++mode) {
+      std::string thrown = "no error";
+      try {
+        if (mode == 0) namedax::pmap<"i">(throws)(xs);
+        else namedax::vmap<"i">([](auto x) {
+          namedax::async::handles<decltype(namedax::psum(x, "i"_ax))> hs;
+          hs.push_back(namedax::async::psum(x, "i"_ax));
+          hs.push_back(namedax::async::psum(x, "i"_ax));
+          throw std::runtime_error("thrown with two handles pending");
+          return hs.wait_all()[0];  // never reached
+        })(xs);
+      } catch (const std::runtime_error& ex) {
+        thrown = ex.what();
+      }
+      INFO("mode ", mode, ": ", thrown);
+      CHECK(contains(thrown, "thrown with two handles pending"));
+      CHECK(!contains(thrown, "namedax::async::handles"));
+    }
+
+    // wait_all on a handle waited already: that wait's error, the others cancelled silently.
+    auto waited_twice = [](auto x) {
+      namedax::async::handles<decltype(namedax::psum(x, "i"_ax))> hs;
+      hs.push_back(namedax::async::psum(x, "i"_ax));
+      hs.push_back(namedax::async::psum(x, "i"_ax));
+      (void)hs[0].wait();
+      return hs.wait_all()[1];
+    };
+    for (const std::string& e2 : {namedax_test::error_of([&] { namedax::pmap<"i">(waited_twice)(xs); }),
+                                 namedax_test::error_of([&] { namedax::vmap<"i">(waited_twice)(xs); })}) {
+      INFO(e2);
+      CHECK(contains(e2, "namedax::async::psum over ('i',): wait() was called on a handle that holds no exchange"));
+      CHECK(!contains(e2, "namedax::async::handles"));
+    }
+    CHECK_BITWISE(namedax::pmap<"i">(again)(xs), namedax::vmap<"i">(again)(xs));
   }
 }

@@ -9,6 +9,9 @@
 #include <namedax/detail/async.hpp>
 #include <namedax/detail/traced.hpp>
 
+#include <cstddef>
+#include <exception>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -22,13 +25,20 @@ namespace namedax::async {
 /// A handle that goes away without wait() throws a namedax::collective_error from its
 /// destructor (unless an exception is already unwinding past it, which is then the error
 /// reported); its exchange is cancelled first, so peers never wait on it. Keep handles as
-/// local variables, in structs or in std::array: in a container whose destructor may not
-/// throw, a dropped pending handle ends the program, as a dropped joinable std::thread does.
+/// local variables, in structs, in std::array, or many of them in namedax::async::handles:
+/// in a container whose destructor may not throw (std::vector), a dropped pending handle ends
+/// the program, as a dropped joinable std::thread does, after a line on stderr that starts
+/// "namedax: terminating:" and names the handle.
 /// (clang++ never destroys a value returned from the scope of a handle that throws so,
 /// llvm-project#12658: close the handle's scope before the return.)
 template <class R>
+class handles;
+
+template <class R>
 class handle {
  public:
+  /// What wait() returns: the blocking collective's result type.
+  using result_type = R;
   handle() = default;
   explicit handle(detail::async_state<R> state) : state_(std::move(state)) {}
   handle(handle&&) noexcept = default;
@@ -45,7 +55,84 @@ class handle {
   [[nodiscard]] bool pending() const { return state_.pending(); }
 
  private:
+  friend class handles<R>;
   detail::async_state<R> state_;
+};
+
+/// Many handles of one result type, owned together: a std::vector of handles would end the
+/// program when it drops a pending one (its destructor may not throw). Going away (or assigned
+/// over) with handles pending, it cancels every one of them, so peers never wait on them, and
+/// throws one namedax::collective_error that says how many were dropped and names the first
+/// ("namedax::async::handles: 2 of 3 handles were dropped without wait(), the first
+/// namedax::async::pmax over ('i',) on device i=2; ..."), unless an exception is already
+/// unwinding past it, which is then the error reported. Each handle counts against the
+/// exchanges a device may have in flight (detail::async_depth, 8, over the same axes).
+///   namedax::async::handles<decltype(namedax::psum(x, "i"_ax))> hs;
+///   for (int k = 0; k < 3; ++k) hs.push_back(namedax::async::psum(x * (k + 1.0f), "i"_ax));
+///   auto sums = hs.wait_all();  // sums[k] == namedax::psum(x * (k + 1.0f), "i"_ax), bit for bit
+template <class R>
+class handles {
+ public:
+  handles() = default;
+  handles(handles&& other) noexcept : items_(std::move(other.items_)) {}
+  /// Assigning over pending handles drops them (see above).
+  handles& operator=(handles&& other) {
+    if (this != &other) {
+      drop_all();
+      items_ = std::move(other.items_);
+    }
+    return *this;
+  }
+  handles(const handles&) = delete;
+  handles& operator=(const handles&) = delete;
+  ~handles() noexcept(false) { drop_all(); }
+
+  /// Takes `h` in, after the others; returns it as held here.
+  handle<R>& push_back(handle<R> h) { return items_.emplace_back(std::move(h)); }
+  [[nodiscard]] std::size_t size() const { return items_.size(); }
+  [[nodiscard]] bool empty() const { return items_.empty(); }
+  /// The k-th handle taken in, to wait on it alone.
+  [[nodiscard]] handle<R>& operator[](std::size_t k) { return items_[k]; }
+  [[nodiscard]] const handle<R>& operator[](std::size_t k) const { return items_[k]; }
+
+  /// Waits on every handle in the order they were taken in and returns their results in that
+  /// order; this then holds no handle. When a wait throws (a handle waited already, a failed
+  /// device), the handles not yet waited are cancelled without a report of their own, and that
+  /// error is the one that leaves.
+  [[nodiscard]] std::vector<R> wait_all() {
+    std::vector<R> out;
+    out.reserve(items_.size());
+    try {
+      for (auto& h : items_) out.push_back(h.wait());
+    } catch (...) {
+      for (auto& h : items_) h.state_.cancel();
+      items_.clear();
+      throw;
+    }
+    items_.clear();
+    return out;
+  }
+
+ private:
+  void drop_all() {
+    std::size_t dropped = 0, first = 0;
+    for (std::size_t k = items_.size(); k-- > 0;)
+      if (items_[k].pending()) ++dropped, first = k;
+    if (dropped == 0) return items_.clear();
+    const bool unwinding = std::uncaught_exceptions() > exceptions_;
+    std::string what;
+    if (!unwinding)
+      what = namedax::detail::message("namedax::async::handles: ", dropped, " of ", items_.size(),
+                                      " handles were dropped without wait(), the first ",
+                                      items_[first].state_.description(),
+                                      "; call wait_all() (or wait() on each handle) before they go away");
+    for (auto& h : items_) h.state_.cancel();
+    items_.clear();
+    if (!unwinding) namedax::detail::throw_dropped(what);
+  }
+
+  std::vector<handle<R>> items_;
+  int exceptions_ = std::uncaught_exceptions();  // more than these unwinding: drop_all is silent
 };
 
 /// ppermute, started now and waited later: sends the value of index `source` to index

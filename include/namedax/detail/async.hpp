@@ -17,6 +17,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -467,6 +469,25 @@ process_receipt start_permute_across_processes(std::string_view verb, const shar
   return process_receipt(std::move(pending), std::move(sent), std::move(received));
 }
 
+/// The collective_error thrown for dropped handles. It carries the line that the terminate
+/// handler installed by throw_dropped prints when the error ends the program.
+class handle_dropped_error : public collective_error {
+ public:
+  handle_dropped_error(const std::string& what, std::shared_ptr<const std::string> report)
+      : collective_error(what), report_(std::move(report)) {}
+  [[nodiscard]] const std::shared_ptr<const std::string>& report() const noexcept { return report_; }
+
+ private:
+  std::shared_ptr<const std::string> report_;
+};
+
+/// Throws a handle_dropped_error saying `what`. A handle's destructor throws it, so that a
+/// handle kept where no exception may leave (a std::vector, whose destructor is noexcept)
+/// ends the program; g++ then calls std::terminate with no active exception, and nothing
+/// would say why. So the first call installs a terminate handler (chaining the previous one)
+/// that prints "namedax: terminating: <what> ..." when this error ends the program.
+[[noreturn]] NAMEDAX_DECL void throw_dropped(const std::string& what);
+
 /// What a handle holds: the result itself when it was computed at start (vmap, and every case
 /// that is not an exchange among device threads), or the receipt of the block to come and how
 /// to type it as the blocking collective types its result.
@@ -532,13 +553,23 @@ class async_state {
   /// unwinding the stack (which then reports the failure), a collective_error says so.
   void drop() {
     if (!pending()) return;
+    cancel();
+    if (std::uncaught_exceptions() > exceptions_) return;
+    throw_dropped(message(what_(), ": a handle was dropped without wait()", where(),
+                          "; call wait() on every handle an asynchronous collective returns"));
+  }
+
+  /// Cancels the exchange, if one is pending, without a report: peers never wait on it.
+  void cancel() noexcept {
     for (auto& r : receipts_) r.cancel();
     for (auto& r : lanes_) r.cancel();
     process_.cancel();
     value_.reset();
-    if (std::uncaught_exceptions() > exceptions_) return;
-    throw collective_error(message(what_(), ": a handle was dropped without wait()", where(),
-                                   "; call wait() on every handle an asynchronous collective returns"));
+  }
+
+  /// "namedax::async::psum over ('i',) on device i=2", for reports.
+  [[nodiscard]] std::string description() const {
+    return message(what_ ? what_() : std::string("namedax::async"), where());
   }
 
  private:
@@ -1083,6 +1114,54 @@ NAMEDAX_DECL void async_receipt::pass_over_nothing(async_slot& slot) {
   throw collective_error(message(what(), ": device ", from, " sent device ", device_->path, " a block from ", theirs,
                                  " in a call in which device ", device_->path, " receives nothing (", my_call(),
                                  "); every device must start the same asynchronous collectives with the same pairs"));
+}
+
+// Which dropped-handle error this thread threw last: a weak reference to the report line the
+// error object owns. It is never stale: it expires with the error's last copy (wherever that is
+// destroyed, on any thread), so no start, wait or catch needs to clear it, and the handler
+// cannot print a report for an error that was caught and is gone.
+NAMEDAX_DECL std::weak_ptr<const std::string>& last_dropped_report() {
+  thread_local std::weak_ptr<const std::string> report;
+  return report;
+}
+
+NAMEDAX_DECL void print_dropped_report_and_terminate() noexcept;
+
+// The handler that was installed before namedax's, called after namedax's line is printed.
+NAMEDAX_DECL std::terminate_handler previous_terminate_handler() {
+  static const std::terminate_handler previous = std::set_terminate(&print_dropped_report_and_terminate);
+  return previous;
+}
+
+// When terminate is called for an active handle_dropped_error (clang++, or an error leaving a
+// thread's function), the report is the error's. Otherwise, with an exception in flight (g++
+// calls terminate straight from a noexcept function that an exception reaches, without making
+// it active; the active one, if any, is one a catch block handles), the only trace is this
+// thread's last dropped-handle error, if it still exists. No exception in flight means that
+// terminate was called for another reason, and nothing is printed.
+NAMEDAX_DECL void print_dropped_report_and_terminate() noexcept {
+  std::shared_ptr<const std::string> report;
+  if (std::exception_ptr active = std::current_exception()) {
+    try {
+      std::rethrow_exception(active);
+    } catch (const handle_dropped_error& e) {
+      report = e.report();
+    } catch (...) {
+    }
+  }
+  if (!report && std::uncaught_exceptions() > 0) report = last_dropped_report().lock();
+  if (report) std::fputs(report->c_str(), stderr);
+  if (std::terminate_handler previous = previous_terminate_handler()) previous();
+  std::abort();
+}
+
+NAMEDAX_DECL void throw_dropped(const std::string& what) {
+  auto report = std::make_shared<const std::string>(
+      message("namedax: terminating: ", what, " (thrown by a destructor where no exception may leave, such as a "
+              "std::vector's: keep many handles in a namedax::async::handles)\n"));
+  (void)previous_terminate_handler();  // installs the handler, once
+  last_dropped_report() = report;
+  throw handle_dropped_error(what, std::move(report));
 }
 
 NAMEDAX_DECL process_receipt& process_receipt::operator=(process_receipt&& other) noexcept {
