@@ -108,6 +108,12 @@ namespaces_made+=("$prefix-probe")
 if ! why=$(ip -n "$prefix-probe" link add ndx-probe type bridge 2>&1); then
   skip "cannot make a bridge in a network namespace: ${why//$'\n'/ }"
 fi
+if ! why=$(ip -n "$prefix-probe" link add ndx-v0 type veth peer name ndx-v1 2>&1); then
+  skip "cannot make a veth pair in a network namespace: ${why//$'\n'/ }"
+fi
+if ! why=$(ip netns exec "$prefix-probe" tc qdisc add dev ndx-v0 root tbf "${tbf[@]}" 2>&1); then
+  skip "cannot shape a link with tbf: ${why//$'\n'/ }"
+fi
 if ! why=$(ip netns exec "$prefix-probe" unshare --uts hostname ndx-probe 2>&1); then
   skip "cannot run in a network namespace with a hostname of its own: ${why//$'\n'/ }"
 fi

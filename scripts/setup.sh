@@ -5,6 +5,9 @@
 set -euo pipefail
 packages=(cmake make g++ clang pkgconf libxtensor-dev xtl-dev libxsimd-dev libboost-dev libtbb-dev libopenblas-dev doctest-dev
           libopenmpi-dev openmpi-bin time binutils)
+# iproute2 (ip, tc) makes the simulated hosts of the MPI tests (scripts/hosts_apart.sh), which
+# only root can make: needed, and installed, as root only.
+if [ "$(id -u)" -eq 0 ]; then packages+=(iproute2); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
