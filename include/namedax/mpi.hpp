@@ -10,6 +10,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <chrono>
@@ -330,13 +331,17 @@ struct mesh {
   MPI_Comm status = MPI_COMM_NULL;
   std::list<std::pair<MPI_Request, std::string>> status_sent;  // sends in flight, with their text (which must not move)
   bool timed_out = false;  // the processes no longer make the same calls
-  // The flight record: the last calls of this process, for the report of a timeout.
+  // The flight record: the last 16 calls of this process, for the report of a timeout; a ring
+  // whose strings keep their capacity, so that recording a call allocates nothing.
   struct flight {
-    std::uint64_t sequence;
+    std::uint64_t sequence = 0;
     std::string what, signature;
-    const char* state;
+    const char* state = "";
   };
-  std::vector<flight> flights;
+  std::array<flight, 16> flights;
+  std::size_t flights_recorded = 0;
+  /// The last call recorded (there is one once a process map has started).
+  flight& last_flight() { return flights[(flights_recorded + flights.size() - 1) % flights.size()]; }
 
   mesh() {
     check(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
@@ -505,7 +510,7 @@ class grid final : public process_grid {
     MPI_Request request;
     check(MPI_Iallreduce(MPI_IN_PLACE, seen, 2, MPI_UINT64_T, MPI_MAX, mesh_->world, &request), "MPI_Allreduce");
     wait_watched(&request, 1, "the agreement before it, MPI_Allreduce");
-    mesh_->flights.back().state = "started";
+    mesh_->last_flight().state = "started";
     if (seen[0] == ~seen[1]) {
       // Every process threw the same: each one sent its notice to every other.
       if (signature.starts_with(threw_marker)) {
@@ -559,14 +564,12 @@ class grid final : public process_grid {
   }
 
  private:
-  /// Keeps the call in the flight record, the last 16 calls.
+  /// Keeps the call in the flight record.
   void record_flight(std::string_view signature, std::string_view what, const char* state) {
-    auto& record = mesh_->flights;
-    if (record.size() == 16) record.erase(record.begin());
-    std::string printable(signature);
-    for (char& c : printable)
-      if (static_cast<unsigned char>(c) < 0x20) c = '?';
-    record.push_back({mesh_->agreements, std::string(what), std::move(printable), state});
+    auto& f = mesh_->flights[mesh_->flights_recorded++ % mesh_->flights.size()];
+    f.sequence = mesh_->agreements, f.what.assign(what), f.signature.assign(signature), f.state = state;
+    for (char& c : f.signature)
+      if (static_cast<unsigned char>(c) < 0x20) c = '?';  // the markers of a failure
   }
 
   static constexpr std::string_view threw_marker = "\x01threw: ";
@@ -680,11 +683,14 @@ inline void answer_queries(mesh& m) {
 inline void write_flight_record(const mesh& m, std::string_view where, std::string_view ending) {
   const char* target = std::getenv("NAMEDAX_MPI_FLIGHT_RECORD");
   if (!target || !*target) return;
-  std::string text = message("namedax flight record of process ", where, ", its last ", m.flights.size(),
+  const std::size_t kept = std::min(m.flights_recorded, m.flights.size());
+  std::string text = message("namedax flight record of process ", where, ", its last ", kept,
                              " collective calls (oldest first):\n");
-  for (const auto& f : m.flights)
+  for (std::size_t k = m.flights_recorded - kept; k < m.flights_recorded; ++k) {
+    const auto& f = m.flights[k % m.flights.size()];
     text += message("  call ", f.sequence, ": ", f.what.empty() ? std::string_view("namedax::mpi::pmap") : f.what,
                     " [", f.signature, "] ", f.state, "\n");
+  }
   text += message("  then: ", ending, "\n");
   if (std::string_view(target) == "stderr") {
     std::fputs(text.c_str(), stderr);
@@ -754,7 +760,7 @@ inline void watch(mesh& m, std::string_view call, std::chrono::steady_clock::tim
   if (arrived) {
     const std::string report = receive_status(m, probed);
     m.failed = m.timed_out = true;
-    if (!m.flights.empty()) m.flights.back().state = "waiting";
+    if (m.flights_recorded) m.last_flight().state = "waiting";
     write_flight_record(m, m.caller ? m.caller->path() : message("rank ", m.rank), report);
     throw collective_error(message(waiter(m), ": ", report));
   }
@@ -768,7 +774,7 @@ inline void watch(mesh& m, std::string_view call, std::chrono::steady_clock::tim
   for (std::size_t r = 0; r < m.size; ++r)
     if (r != m.rank) send_status(m, static_cast<int>(r), status_tag::report, message("process ", path, ' ', what_happened));
   m.failed = m.timed_out = true;
-  if (!m.flights.empty()) m.flights.back().state = "timed out";
+  if (m.flights_recorded) m.last_flight().state = "timed out";
   write_flight_record(m, path, what_happened);
   throw collective_error(message(waiter(m), ": ", what_happened, "; end the program (MPI_Abort)"));
 }
@@ -798,7 +804,7 @@ inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view c
     check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), call);
     if (done) {
       m.call_done = true;
-      if (!m.flights.empty()) m.flights.back().state = "done";
+      if (m.flights_recorded) m.last_flight().state = "done";
       return;
     }
     check(MPI_Iprobe(MPI_ANY_SOURCE, 0, m.notices, &noticed, &status), "MPI_Iprobe");
