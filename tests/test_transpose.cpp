@@ -146,7 +146,7 @@ TEST_SUITE("transpose") {
     xt::xarray<double> x{1, 2, 3, 4};
     xt::xarray<double> c{10};
     auto varying = [](auto x, auto c) {
-      auto [y, pullback] = namedax::vjp(linear::psum("i"_ax), x);
+      auto [y, pullback] = namedax::vjp(linear::psum("i"_ax), namedax::expand_dims(x, 0));  // y of shape (1,), as c
       auto xbar = pullback(c);
       static_assert(decltype(xbar)::varying == 1 && decltype(y)::varying == 0);
       return xbar;
@@ -154,6 +154,13 @@ TEST_SUITE("transpose") {
     auto in_axes = std::tuple{0, namedax::none};
     CHECK_BITWISE(namedax::vmap<"i">(varying, in_axes)(x, c), column({10, 10, 10, 10}));
     CHECK_BITWISE(namedax::pmap<"i">(varying, in_axes)(x, c), column({10, 10, 10, 10}));
+    // A cotangent of another shape than y is an error naming both, as for any vjp.
+    auto scalar_y = [](auto x, auto c) { return namedax::vjp(linear::psum("i"_ax), x).second(c); };
+    const std::string wrong = "namedax::vjp: the cotangent has positional shape (1,) but the output it stands for has "
+                              "positional shape () (rank 1, not 0); give the pullback a cotangent of the output's "
+                              "shape, as jax.vjp";
+    CHECK(namedax_test::error_of([&] { (void)namedax::vmap<"i">(scalar_y, in_axes)(x, c); }) == wrong);
+    CHECK(namedax_test::error_of([&] { (void)namedax::pmap<"i">(scalar_y, in_axes)(x, c); }) == wrong);
     auto invariant = [](auto, auto c) {
       auto [y, pullback] = namedax::vjp(linear::psum("i"_ax), c);  // y = 4 c
       auto cbar = pullback(c);

@@ -713,13 +713,18 @@ inline constexpr transpose_fn transpose{};
 /// For any other function of named values (namedax/autodiff.hpp), `auto [y, pullback] =
 /// namedax::vjp(f, xs...)`: y is f(xs...), and pullback(ct) gives a std::tuple with the
 /// cotangent of each argument, each a pytree shaped as the argument.
-/// That pullback takes a cotangent of y's positional shape (leaf by leaf) and throws
+/// Either pullback takes a cotangent of y's positional shape (leaf by leaf) and throws
 /// namedax::error, naming both shapes, for any other. Higher-order derivatives (vjp of a
 /// function that grad or vjp is differentiating, with traced arguments) are not supported yet.
 struct vjp_fn {
   template <LinearMap Op, NamedValue X>
   auto operator()(const Op& op, const X& x) const {
-    return detail::vjp_of(op, x);
+    auto [y, pullback] = detail::vjp_of(op, x);
+    auto checked = [pullback = std::move(pullback), shape = *detail::positional_shape_of(y)](const auto& ct) {
+      if (const auto given = detail::positional_shape_of(ct)) detail::check_cotangent_shape("", *given, shape);
+      return pullback(ct);
+    };
+    return std::pair{std::move(y), std::move(checked)};
   }
   template <class F, class... Xs>
     requires(!LinearMap<F>)

@@ -13,8 +13,50 @@
 
 #include <bit>
 #include <numeric>
+#include <optional>
+#include <string_view>
+#include <vector>
 
 namespace namedax::detail {
+
+/// The positional shape of a cotangent given to a pullback, or of the output it stands for:
+/// a named or traced value's, an array's shape, [] for a scalar; none for a value that has no
+/// shape yet (axis_index waiting for its environment).
+template <class X>
+std::optional<std::vector<std::size_t>> positional_shape_of(const X& x) {
+  if constexpr (std::is_arithmetic_v<X>) {
+    return std::vector<std::size_t>{};
+  } else if constexpr (requires { x.shape(); }) {
+    const auto& shape = x.shape();  // a named value's is a new vector on each call
+    return std::vector<std::size_t>(shape.begin(), shape.end());
+  } else {
+    return std::nullopt;
+  }
+}
+
+/// Throws unless a cotangent given to vjp's pullback has the positional shape of the output
+/// it stands for (JAX's rule; xtensor would broadcast a smaller one silently, or fail with its
+/// own text), before any operation on it; `result` names the output's leaf in a pytree
+/// (" of result 1"), or is empty.
+NAMEDAX_DECL void check_cotangent_shape(std::string_view result, const std::vector<std::size_t>& given,
+                                        const std::vector<std::size_t>& expected);
+
+/// Each cotangent leaf against the output leaf it stands for (see check_cotangent_shape).
+template <class Out, class C>
+void check_cotangent_shapes(const Out& out, const C& ct) {
+  const auto out_leaves = tree_leaves(out);
+  const auto ct_leaves = tree_leaves(ct);
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    (
+        [&] {
+          const auto expected = positional_shape_of(std::get<K>(out_leaves));
+          const auto given = positional_shape_of(std::get<K>(ct_leaves));
+          if (expected && given) check_cotangent_shape(is_node<Out> ? message(" of result ", K) : "", *given, *expected);
+        }(),
+        ...);
+  }(std::make_index_sequence<leaf_count<Out>()>{});
+}
+
 
 template <axis_mask M>
 constexpr auto set_bits() {
@@ -304,6 +346,23 @@ NAMEDAX_DECL std::vector<std::size_t> canonical_dims(std::string_view verb, cons
   }
   return out;
 }
+
+NAMEDAX_DECL void check_cotangent_shape(std::string_view result, const std::vector<std::size_t>& given,
+                                        const std::vector<std::size_t>& expected) {
+  if (given == expected) return;
+  std::string differs;
+  if (given.size() != expected.size()) {
+    differs = message("rank ", given.size(), ", not ", expected.size());
+  } else {
+    std::size_t d = 0;
+    while (given[d] == expected[d]) ++d;
+    differs = message("dim ", d, " has size ", given[d], ", not ", expected[d]);
+  }
+  fail("namedax::vjp: the cotangent", result, " has positional shape ", given,
+       " but the output it stands for has positional shape ", expected, " (", differs,
+       "); give the pullback a cotangent of the output's shape, as jax.vjp");
+}
 #endif  // NAMEDAX_DEFINITIONS
+
 
 }  // namespace namedax::detail
