@@ -331,7 +331,7 @@ struct mesh {
   MPI_Comm status = MPI_COMM_NULL;
   std::list<std::pair<MPI_Request, std::string>> status_sent;  // sends in flight, with their text (which must not move)
   bool timed_out = false;  // the processes no longer make the same calls
-  // The flight record: the last 16 calls of this process, for the report of a timeout; a ring
+  // The flight record: the last 16 calls of this process, for the report of a timeout or a failure; a ring
   // whose strings keep their capacity, so that recording a call allocates nothing.
   struct flight {
     std::uint64_t sequence = 0;
@@ -408,6 +408,9 @@ struct mesh {
     failed = true;
   }
 };
+
+/// Writes the flight record where NAMEDAX_MPI_FLIGHT_RECORD says (defined with the watchdog).
+inline void write_flight_record(const mesh& m, std::string_view where, std::string_view ending);
 
 inline std::unique_ptr<mesh>& current_mesh() {
   static std::unique_ptr<mesh> instance;
@@ -521,7 +524,9 @@ class grid final : public process_grid {
       return;
     }
     mesh_->failed = true;
-    throw collective_error(message(what, " on process ", path(), ": ", disagreement(signature)));
+    const std::string found = disagreement(signature);
+    write_flight_record(*mesh_, path(), found);
+    throw collective_error(message(what, " on process ", path(), ": ", found));
   }
 
   [[noreturn]] void raise_everywhere(std::exception_ptr error) override {
@@ -679,7 +684,7 @@ inline void answer_queries(mesh& m) {
 }
 
 /// Writes the flight record where NAMEDAX_MPI_FLIGHT_RECORD says: "stderr", or a path to
-/// which ".<rank>" is appended.
+/// which ".<rank>" is appended; `ending` is what ended the calls (a timeout, a failure).
 inline void write_flight_record(const mesh& m, std::string_view where, std::string_view ending) {
   const char* target = std::getenv("NAMEDAX_MPI_FLIGHT_RECORD");
   if (!target || !*target) return;
@@ -827,9 +832,9 @@ inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view c
   // This call stays pending (its communicator is dropped at the agreement that settles the failure).
   const auto cut = notice.find('\x02');
   m.interrupted = true;
-  throw collective_error(message(m.what.empty() ? std::string_view("namedax::mpi") : m.what, " on process ",
-                                 m.caller ? m.caller->path() : message("rank ", m.rank), ": process ",
-                                 notice.substr(0, cut), " threw: ", notice.substr(cut + 1)));
+  const std::string found = message("process ", notice.substr(0, cut), " threw: ", notice.substr(cut + 1));
+  write_flight_record(m, m.caller ? m.caller->path() : message("rank ", m.rank), found);
+  throw collective_error(message(waiter(m), ": ", found));
 }
 
 /// The grid a new process map splits: the innermost enclosing one's, or all processes.

@@ -18,6 +18,9 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
+#include <fstream>
+#include <filesystem>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -632,6 +635,14 @@ TEST_SUITE("errors") {
       if (namedax::axis_index("i"_ax) == 1) throw std::runtime_error("bad shard");
       return namedax::psum(x, "i"_ax);
     };
+    // Each process writes its flight record on the failure, where the variable says.
+    const std::string record = (std::filesystem::temp_directory_path() / "namedax_test_flight_record").string();
+    const std::string mine = record + "." + std::to_string(world_rank);
+    std::filesystem::remove(mine);
+    setenv("NAMEDAX_MPI_FLIGHT_RECORD", record.c_str(), 1);
+    struct unset {
+      ~unset() { unsetenv("NAMEDAX_MPI_FLIGHT_RECORD"); }
+    } unset_at_exit;
     if (world_rank == 1) {
       try {
         namedax::mpi::pmap<"i">(f)(x);
@@ -645,6 +656,15 @@ TEST_SUITE("errors") {
       const std::string what = collective_error_of([&] { namedax::mpi::pmap<"i">(f)(x); });
       CHECK_MESSAGE(what.find("process i=1 (rank 1) threw: bad shard") != std::string::npos, what);
     }
+    std::ifstream file(mine);
+    std::stringstream text;
+    text << file.rdbuf();
+    CHECK_MESSAGE(text.str().find("namedax flight record of process ") != std::string::npos, text.str());
+    CHECK_MESSAGE(text.str().find(": namedax::mpi::pmap<\"i\"> [namedax::mpi::pmap<\"i\"> of axis size ") !=
+                      std::string::npos,
+                  text.str());
+    CHECK_MESSAGE(text.str().find("then: process i=1 (rank 1) threw: bad shard") != std::string::npos, text.str());
+    std::filesystem::remove(mine);
     check_like_vmap([](auto x) { return namedax::psum(x, "i"_ax); }, 0, x);
   }
   TEST_CASE("processes that call different collectives get a collective_error naming both calls") {
