@@ -645,10 +645,14 @@ class grid final : public process_grid {
 
 // ---------------------------------------------------------------- the watchdog
 
+/// The call a message names: `what` of the call, or the process map where none is set yet.
+inline std::string_view call_name(std::string_view what) { return what.empty() ? "namedax::mpi::pmap" : what; }
+
+/// This process, as the messages name it: its coordinates in the current process map.
+inline std::string process_path(const mesh& m) { return m.caller ? m.caller->path() : message("rank ", m.rank); }
+
 /// Where this process is, as an answer to a query: "<sequence>\x03<what>".
-inline std::string whereabouts(const mesh& m) {
-  return message(m.agreements, '\x03', m.what.empty() ? std::string_view("namedax::mpi::pmap") : m.what);
-}
+inline std::string whereabouts(const mesh& m) { return message(m.agreements, '\x03', call_name(m.what)); }
 
 inline void send_status(mesh& m, int to, int tag, std::string text) {
   auto& [request, kept] = m.status_sent.emplace_back(MPI_REQUEST_NULL, std::move(text));
@@ -693,7 +697,7 @@ inline void write_flight_record(const mesh& m, std::string_view where, std::stri
                              " collective calls (oldest first):\n");
   for (std::size_t k = m.flights_recorded - kept; k < m.flights_recorded; ++k) {
     const auto& f = m.flights[k % m.flights.size()];
-    text += message("  call ", f.sequence, ": ", f.what.empty() ? std::string_view("namedax::mpi::pmap") : f.what,
+    text += message("  call ", f.sequence, ": ", call_name(f.what),
                     " [", f.signature, "] ", f.state, "\n");
   }
   text += message("  then: ", ending, "\n");
@@ -750,8 +754,7 @@ inline std::string census(mesh& m, double grace) {
 
 /// "<what> on process <path>", for the messages of a wait.
 inline std::string waiter(const mesh& m) {
-  return message(m.what.empty() ? std::string_view("namedax::mpi::pmap") : m.what, " on process ",
-                 m.caller ? m.caller->path() : message("rank ", m.rank));
+  return message(call_name(m.what), " on process ", process_path(m));
 }
 
 /// The watchdog's turn in a wait that has spun for a while: answers queries, ends the wait
@@ -766,14 +769,14 @@ inline void watch(mesh& m, std::string_view call, std::chrono::steady_clock::tim
     const std::string report = receive_status(m, probed);
     m.failed = m.timed_out = true;
     if (m.flights_recorded) m.last_flight().state = "waiting";
-    write_flight_record(m, m.caller ? m.caller->path() : message("rank ", m.rank), report);
+    write_flight_record(m, process_path(m), report);
     throw collective_error(message(waiter(m), ": ", report));
   }
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
   const double limit = timeout_seconds();
   if (waited < limit) return;
   const std::string found = census(m, std::clamp(limit / 4, 0.2, 2.0));
-  const std::string path = m.caller ? m.caller->path() : message("rank ", m.rank);
+  const std::string path = process_path(m);
   const std::string what_happened =
       message("waited ", limit, " s in collective call ", m.agreements, " (", call, ") and gave up; ", found);
   for (std::size_t r = 0; r < m.size; ++r)
@@ -833,7 +836,7 @@ inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view c
   const auto cut = notice.find('\x02');
   m.interrupted = true;
   const std::string found = message("process ", notice.substr(0, cut), " threw: ", notice.substr(cut + 1));
-  write_flight_record(m, m.caller ? m.caller->path() : message("rank ", m.rank), found);
+  write_flight_record(m, process_path(m), found);
   throw collective_error(message(waiter(m), ": ", found));
 }
 

@@ -712,16 +712,13 @@ void copy_strided(const strided_block<S>& in, T* out) {
 #if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
 NAMEDAX_DECL std::size_t checked_element_count(std::string_view verb, std::span<const std::size_t> shape,
                                                std::size_t element_size) {
-  if (std::find(shape.begin(), shape.end(), std::size_t{0}) != shape.end()) return 0;
-  std::size_t count = 1, bytes = 0;
-  bool wraps = false;
-  for (const std::size_t extent : shape) wraps |= __builtin_mul_overflow(count, extent, &count);
-  wraps |= __builtin_mul_overflow(count, element_size, &bytes);
-  if (wraps)
-    fail(verb.empty() ? std::string("namedax") : message("namedax::", verb), ": an array of shape ",
-         std::vector<std::size_t>(shape.begin(), shape.end()), " with elements of ", element_size,
-         " bytes has more bytes than memory can address; its size overflows std::size_t");
-  return count;
+  if (!element_count_overflows(shape)) {
+    const std::size_t count = element_count(shape);
+    if (!element_count_overflows(std::array{count, element_size})) return count;  // and its size in bytes
+  }
+  fail(verb.empty() ? std::string("namedax") : message("namedax::", verb), ": an array of shape ",
+       std::vector<std::size_t>(shape.begin(), shape.end()), " with elements of ", element_size,
+       " bytes has more bytes than memory can address; its size overflows std::size_t");
 }
 
 NAMEDAX_DECL void element_offsets(std::span<const std::size_t> shape, std::span<const std::ptrdiff_t> strides,
