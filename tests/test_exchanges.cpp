@@ -624,5 +624,16 @@ TEST_SUITE("collective matmuls") {
     auto gather_ring = [](auto x, auto w) { return namedax::all_gather_matmul(x, w, "i"_ax); };
     CHECK(error_of([&] { namedax::vmap<"i">(gather_ring)(vector, w); }) ==
           "namedax::all_gather_matmul: the left operand is a matrix; it has positional shape (3,)");
+    // A right operand that does not fit the left one is named by the verb, not by the product inside it.
+    const auto tall = uniform(rng, {4, 4, 2});
+    const auto rows = uniform(rng, {4, 2, 3});
+    for (const auto& text : {error_of([&] { namedax::vmap<"i">(gather_ring)(rows, tall); }),
+                             error_of([&] { namedax::pmap<"i">(gather_ring)(rows, tall); })})
+      CHECK(text == "namedax::all_gather_matmul: the left operand has positional shape (2, 3) and the right operand (4, 2); "
+                    "give a right operand of 3 rows, a matrix");
+    for (const auto& text : {error_of([&] { namedax::vmap<"i">(scatter_ring)(x, uniform(rng, {4, 3})); }),
+                             error_of([&] { namedax::pmap<"i">(scatter_ring)(x, uniform(rng, {4, 3})); })})
+      CHECK(text == "namedax::matmul_reduce_scatter: the left operand has positional shape (6, 3) and the right operand "
+                    "(3,); give a right operand of 3 rows, a matrix");
   }
 }

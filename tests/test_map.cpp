@@ -4,8 +4,10 @@
 #include "test_support.hpp"
 
 #include <boost/hana/define_struct.hpp>
+#include <xtensor/xfixed.hpp>
 
 using namespace namedax::literals;
+using namedax_test::error_of;
 
 namespace {
 /// Parameters with a member type each, as the maps rebuild them around views.
@@ -239,5 +241,38 @@ TEST_SUITE("maps") {
     xt::xarray<float> y;
     namedax::pmap<"i">([](auto v) { return v * 2.f; }).into(y)(x);
     CHECK_BITWISE(y, xt::xarray<float>(x * 2.f));
+  }
+
+  TEST_CASE("into: an array of another fixed rank or fixed shape than the result is an error naming both, not a resize") {
+    // xtensor's resize checks neither (a write past the array, or a crash).
+    const xt::xarray<float> x = xt::arange<float>(6).reshape({2, 3});
+    auto same = [](auto v) { return v; };
+    auto pair = [](auto v) { return std::pair{v, namedax::sum(v)}; };
+    for (const bool vectorized : {true, false}) {
+      const std::string verb = vectorized ? "namedax::vmap<\"i\">" : "namedax::pmap<\"i\">";
+      auto run = [&](auto f, auto&& out) {
+        return error_of([&] {
+          if (vectorized) namedax::vmap<"i">(f).into(out)(x);
+          else namedax::pmap<"i">(f).into(out)(x);
+        });
+      };
+      xt::xtensor<float, 1> vector;
+      CHECK(run(same, vector) == verb + ": into: output 0 is an array of rank 1 and cannot hold result 0 of shape (2, 3); "
+                                        "give an array of rank 2, or an xt::xarray");
+      xt::xarray<float> first;
+      xt::xtensor<float, 2> second;
+      CHECK(run(pair, std::tie(first, second)) == verb + ": into: output 1 is an array of rank 2 and cannot hold result 1 of "
+                                                          "shape (2,); give an array of rank 1, or an xt::xarray");
+      xt::xtensor_fixed<float, xt::xshape<3, 2>> fixed;
+      CHECK(run(same, fixed) == verb + ": into: output 0 has the fixed shape (3, 2) and cannot hold result 0 of shape (2, "
+                                       "3); give an array of that shape, or an xt::xarray");
+      // Arrays that fit are written.
+      xt::xtensor_fixed<float, xt::xshape<2, 3>> fits;
+      xt::xtensor<float, 1> sums;
+      CHECK(run(same, fits) == "no error");
+      CHECK(fits == x);
+      CHECK(run(pair, std::tie(fits, sums)) == "no error");
+      CHECK(sums == xt::xtensor<float, 1>{3, 12});
+    }
   }
 }

@@ -574,4 +574,52 @@ TEST_SUITE("structure") {
     CHECK(message([](auto x) { return namedax::take(x, 0, -3); }) ==
           "namedax::take: dim -3 is out of range for a value of positional rank 2; pass a dim in [-2, 2)");
   }
+
+  TEST_CASE("slices that xtensor takes unchecked are errors naming the slice, the dim and its extent, in every placement") {
+    // xtensor reads an xt::keep index past the dim, miscounts an xt::drop list that is out of
+    // range, repeated or out of order, and divides by a range's step of 0 (SIGFPE).
+    const xt::xarray<float> xs = xt::zeros<float>({2, 3, 4});
+    const namedax::mesh m{namedax::devices<"i">(2)};
+    auto messages = [&](auto f) {
+      return std::vector{error_of([&] { (void)namedax::vmap<"i">(f)(xs); }), error_of([&] { (void)namedax::pmap<"i">(f)(xs); }),
+                         error_of([&] {
+                           // Blocks of shape (3, 1, 4): f sees (3, 4), as in the maps.
+                           auto g = [f](auto x) { return f(namedax::squeeze(x, {1})); };
+                           (void)namedax::shard_map(g, m, namedax::P(namedax::none, "i"_ax), namedax::P(namedax::none, "i"_ax))(
+                               xt::xarray<float>(xt::zeros<float>({3, 2, 4})));
+                         })};
+    };
+    auto all_say = [](const std::vector<std::string>& got, const std::string& expected) {
+      for (const auto& text : got) CHECK(text == expected);
+    };
+    all_say(messages([](auto x) { return namedax::eval(namedax::view(x, xt::keep(0, 7))); }),
+            "namedax::view: xt::keep index 7 is out of range for dim 0 of extent 3; pass indices in [-3, 3)");
+    all_say(messages([](auto x) { return namedax::eval(namedax::view(x, xt::all(), xt::keep(-5))); }),
+            "namedax::view: xt::keep index -5 is out of range for dim 1 of extent 4; pass indices in [-4, 4)");
+    for (auto message : {"namedax::view: xt::drop indices for dim 0 of extent 3 are out of range, repeated or out of "
+                         "order; give distinct indices in [-3, 3), in increasing order"}) {
+      all_say(messages([](auto x) { return namedax::eval(namedax::view(x, xt::drop(9))); }), message);
+      all_say(messages([](auto x) { return namedax::eval(namedax::view(x, xt::drop(1, 1))); }), message);
+      all_say(messages([](auto x) { return namedax::eval(namedax::view(x, xt::drop(2, 0))); }), message);
+    }
+    all_say(messages([](auto x) { return namedax::eval(namedax::view(x, xt::range(0, 3, 0))); }),
+            "namedax::view: xt::range with step 0 for dim 0; give a nonzero step");
+    all_say(messages([](auto x) { return namedax::eval(namedax::view(x, xt::ellipsis(), xt::range(4, 0, 0))); }),
+            "namedax::view: xt::range with step 0 for dim 1; give a nonzero step");
+    // What the checks let through still reads the right elements.
+    auto [kept, dropped] = namedax::vmap<"i">([](auto x) {
+      return std::pair{namedax::eval(namedax::view(x, xt::keep(-1, 0, 0))), namedax::eval(namedax::view(x, xt::drop(-3, 2)))};
+    })(xt::xarray<float>(xt::arange<float>(24).reshape({2, 3, 4})));
+    CHECK(kept == xt::xarray<float>(xt::view(xt::arange<float>(24).reshape({2, 3, 4}), xt::all(), xt::keep(2, 0, 0))));
+    CHECK(dropped == xt::xarray<float>(xt::view(xt::arange<float>(24).reshape({2, 3, 4}), xt::all(), xt::keep(1))));
+  }
+
+  TEST_CASE("concat and stack of a single value") {
+    const xt::xarray<float> xs = xt::arange<float>(6).reshape({2, 3});
+    auto [c, s] = namedax::vmap<"i">([](auto x) { return std::pair{namedax::concat(std::tuple{x}, 0), namedax::stack(std::tuple{x}, 1)}; })(xs);
+    CHECK(c == xs);
+    xt::xarray<float> stacked = xs;
+    stacked.reshape({2, 3, 1});
+    CHECK(s == stacked);
+  }
 }

@@ -12,6 +12,8 @@
 #include <namedax/xeinsum.hpp>
 
 #include <array>
+#include <span>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -28,16 +30,24 @@ auto block_product(const X& x, const W& w) {
   return namedax::eval(namedax::xeinsum<"ij,jk->ik">(x, w));
 }
 
-template <class Verb, class X>
-void require_matrix(const X& x) {
+/// The error of a right operand that is not a matrix with as many rows as x has columns,
+/// named by the verb before the product inside it meets the shapes.
+NAMEDAX_DECL void check_right_operand(std::string_view verb, std::span<const std::size_t> x_shape,
+                                      std::span<const std::size_t> w_shape);
+
+template <class Verb, class X, class W>
+void require_matrices(const X& x, const W& w) {
   if (x.dimension() != 2)
     fail("namedax::", Verb::name, ": the left operand is a matrix; it has positional shape ", x.shape());
+  const auto& x_shape = x.shape();
+  const auto& w_shape = w.shape();
+  check_right_operand(Verb::name, std::vector<std::size_t>(x_shape.begin(), x_shape.end()),
+                      std::vector<std::size_t>(w_shape.begin(), w_shape.end()));
 }
 
 /// The rows of x's blocks, one per index along an axis of size n (x has n blocks of rows).
 template <class Verb, class A, class X>
 int rows_per_index(const X& x, int n) {
-  require_matrix<Verb>(x);
   const std::size_t m = x.shape()[0];
   if (m % static_cast<std::size_t>(n) != 0)
     fail("namedax::", Verb::name, ": the ", m, " rows of the left operand do not split into ", n,
@@ -68,7 +78,7 @@ struct ring_step_counts {
 /// way, so both give the same bits.
 template <class Verb, class X, class W, class A>
 auto all_gather_matmul_ring(const X& x, const W& w, const A& axis, bool both_ways) {
-  require_matrix<Verb>(x);
+  require_matrices<Verb>(x, w);
   const int n = namedax::axis_size(axis);
   const auto me = namedax::axis_index(axis);
   const int rows = static_cast<int>(x.shape()[0]);
@@ -109,6 +119,7 @@ auto product_for(const X& x, const W& w, const Owner& owner, int rows) {
 /// sum runs in ring order; both ways in another order, so the two may differ in rounding.
 template <class Verb, class X, class W, class A>
 auto matmul_reduce_scatter_ring(const X& x, const W& w, const A& axis, bool both_ways) {
+  require_matrices<Verb>(x, w);
   const int n = namedax::axis_size(axis);
   const int rows = rows_per_index<Verb, A>(x, n);
   const auto me = namedax::axis_index(axis);
@@ -137,6 +148,13 @@ auto matmul_reduce_scatter_ring(const X& x, const W& w, const A& axis, bool both
 }
 
 #if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL void check_right_operand(std::string_view verb, std::span<const std::size_t> x_shape,
+                                      std::span<const std::size_t> w_shape) {
+  if (w_shape.size() != 2 || w_shape[0] != x_shape[1])
+    fail("namedax::", verb, ": the left operand has positional shape ", x_shape, " and the right operand ", w_shape,
+         "; give a right operand of ", x_shape[1], " rows, a matrix");
+}
+
 NAMEDAX_DECL std::vector<std::pair<int, int>> ring_shift(int n, int step) {
   std::vector<std::pair<int, int>> pairs;
   for (int d = 0; d < n; ++d) pairs.emplace_back(d, ((d + step) % n + n) % n);

@@ -11,6 +11,8 @@
 #include <namedax/detail/reduction.hpp>
 #include <namedax/named_array.hpp>
 
+#include <xtensor/xshape.hpp>
+
 #include <optional>
 #include <tuple>
 
@@ -168,8 +170,15 @@ struct output_memory {
   }
 };
 
+/// The errors of a caller's array given to into() that cannot take a result leaf's shape:
+/// xtensor's resize checks neither a fixed rank nor a fixed shape.
+NAMEDAX_DECL void check_into_rank(std::string_view verb, std::string_view name, std::size_t leaf,
+                                  std::span<const std::size_t> shape, std::size_t rank);
+NAMEDAX_DECL void check_into_shape(std::string_view verb, std::string_view name, std::size_t leaf,
+                                   std::span<const std::size_t> shape, std::span<const std::size_t> fixed);
+
 template <class T, std::size_t Leaf, class Dest>
-output_memory<T> output_memory_for(const dims_t& shape, Dest& dest) {
+output_memory<T> output_memory_for(std::string_view verb, std::string_view name, const dims_t& shape, Dest& dest) {
   output_memory<T> out;
   if constexpr (std::is_same_v<Dest, no_destination>) {
     out.fresh = uninitialized_array<T>(shape);
@@ -179,7 +188,14 @@ output_memory<T> output_memory_for(const dims_t& shape, Dest& dest) {
     auto& target = std::get<Leaf>(tree_leaves(dest));
     static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(target)>::value_type, T>,
                   "namedax: into: an output array's element type differs from the result's");
-    if (!std::equal(shape.begin(), shape.end(), target.shape().begin(), target.shape().end())) target.resize(shape);
+    using Target = std::remove_cvref_t<decltype(target)>;
+    if constexpr (xt::detail::is_fixed<typename Target::shape_type>::value) {
+      const dims_t fixed(target.shape().begin(), target.shape().end());
+      check_into_shape(verb, name, Leaf, shape, fixed);
+    } else {
+      if constexpr (xt::get_rank<Target>::value != SIZE_MAX) check_into_rank(verb, name, Leaf, shape, xt::get_rank<Target>::value);
+      if (!std::equal(shape.begin(), shape.end(), target.shape().begin(), target.shape().end())) target.resize(shape);
+    }
     out.data = target.data();
     out.strides.assign(target.strides().begin(), target.strides().end());
   }
@@ -400,12 +416,12 @@ auto run_vectorized(const Call& call, const OutAxes& out_axes, Dest& dest) {
     output_memory<T> out;
     strides_t strides;
     if constexpr (std::is_same_v<decltype(entry), none_t>) {
-      out = output_memory_for<T, K>(shape, dest);
+      out = output_memory_for<T, K>(call.verb(), name, shape, dest);
       strides = out.strides;
       strides.push_back(0);
     } else {
       const stacked_layout l = stack_layout(call.verb(), name, shape, n, entry, Outer::vectorized_count, K);
-      out = output_memory_for<T, K>(l.shape, dest);
+      out = output_memory_for<T, K>(call.verb(), name, l.shape, dest);
       auto [slab_strides, step] = out.slots(l.slot);
       strides = std::move(slab_strides);
       strides.push_back(step);
@@ -438,12 +454,12 @@ template <class T, std::size_t K, class Entry, class Dest>
 output_memory<T> write_output(std::string_view verb, std::string_view name, const std::vector<strided_block<T>>& slabs,
                               Entry entry, std::size_t outer_vectorized, Dest& dest) {
   if constexpr (std::is_same_v<Entry, none_t>) {
-    output_memory<T> out = output_memory_for<T, K>(slabs.front().shape, dest);
+    output_memory<T> out = output_memory_for<T, K>(verb, name, slabs.front().shape, dest);
     copy_strided(slabs.front(), out.data, out.strides);
     return out;
   } else {
     const stacked_layout l = stack_layout(verb, name, slabs.front().shape, slabs.size(), entry, outer_vectorized, K);
-    output_memory<T> out = output_memory_for<T, K>(l.shape, dest);
+    output_memory<T> out = output_memory_for<T, K>(verb, name, l.shape, dest);
     stack_slabs(slabs, out, l.slot);
     return out;
   }
@@ -623,6 +639,20 @@ NAMEDAX_DECL std::size_t canonical_axis(std::string_view verb, std::string_view 
          n == 1 ? " position (valid: " : " positions (valid: ", -n, " to ", n - 1, ")");
   }
   return static_cast<std::size_t>(d);
+}
+
+NAMEDAX_DECL void check_into_rank(std::string_view verb, std::string_view name, std::size_t leaf,
+                                  std::span<const std::size_t> shape, std::size_t rank) {
+  if (shape.size() != rank)
+    fail("namedax::", verb, "<\"", name, "\">: into: output ", leaf, " is an array of rank ", rank,
+         " and cannot hold result ", leaf, " of shape ", shape, "; give an array of rank ", shape.size(), ", or an xt::xarray");
+}
+
+NAMEDAX_DECL void check_into_shape(std::string_view verb, std::string_view name, std::size_t leaf,
+                                   std::span<const std::size_t> shape, std::span<const std::size_t> fixed) {
+  if (!std::equal(shape.begin(), shape.end(), fixed.begin(), fixed.end()))
+    fail("namedax::", verb, "<\"", name, "\">: into: output ", leaf, " has the fixed shape ", fixed,
+         " and cannot hold result ", leaf, " of shape ", shape, "; give an array of that shape, or an xt::xarray");
 }
 
 NAMEDAX_DECL stacked_layout stack_layout(std::string_view verb, std::string_view name,

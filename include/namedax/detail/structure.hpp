@@ -131,7 +131,20 @@ inline constexpr bool at_most_one_ellipsis = ((is_ellipsis_slice<S> ? 1 : 0) + .
 template <class... S>
 inline constexpr bool ellipsis_without_keep_or_drop = !(is_ellipsis_slice<S> || ...) || !(is_keep_or_drop<S> || ...);
 
-/// An integer slice, checked and taken from the end when negative (xtensor reads neither).
+template <class S>
+inline constexpr bool is_range_adaptor = false;
+template <class A, class B, class C>
+inline constexpr bool is_range_adaptor<xt::xrange_adaptor<A, B, C>> = true;
+
+/// The errors of the slices that xtensor takes unchecked (see normalized_slice).
+[[noreturn]] NAMEDAX_DECL void fail_zero_step(std::size_t dim);
+NAMEDAX_DECL void check_kept_index(std::ptrdiff_t at, std::size_t extent, std::size_t dim);
+[[noreturn]] NAMEDAX_DECL void fail_dropped(std::size_t extent, std::size_t dim);
+
+/// A slice of dim `dim` of extent `extent`, checked where xtensor does not check it: an integer
+/// (taken from the end when negative), a range's step (xtensor divides by it), the indices of
+/// xt::keep (read as given, past the dim too) and of xt::drop (miscounted unless distinct, in
+/// range and increasing).
 template <class S>
 auto normalized_slice(const S& s, std::size_t extent, std::size_t dim) {
   if constexpr (std::is_integral_v<S>) {
@@ -143,6 +156,26 @@ auto normalized_slice(const S& s, std::size_t extent, std::size_t dim) {
            ", ", n, ")");
     return static_cast<std::size_t>(at);
   } else {
+    if constexpr (is_range_adaptor<S>) {
+      if constexpr (std::is_integral_v<decltype(s.step())>)
+        if (s.step() == 0) fail_zero_step(dim);
+    } else if constexpr (xt::detail::is_xkeep_slice<S>::value) {
+      auto kept = s;
+      kept.normalize(extent);
+      for (std::ptrdiff_t k = 0; k < static_cast<std::ptrdiff_t>(kept.size()); ++k)
+        check_kept_index(static_cast<std::ptrdiff_t>(kept(k)), extent, dim);
+    } else if constexpr (xt::detail::is_xdrop_slice<S>::value) {
+      // The elements xtensor keeps must be the ones the indices do not name, in order.
+      auto dropped = s;
+      dropped.normalize(extent);
+      const auto left = static_cast<std::ptrdiff_t>(dropped.size());
+      std::ptrdiff_t kept = 0;
+      bool right = left >= 0;
+      for (std::size_t i = 0; right && i < extent; ++i)
+        if (dropped.contains(static_cast<std::ptrdiff_t>(i)))
+          right = kept < left && static_cast<std::size_t>(dropped(kept++)) == i;
+      if (!right || kept != left) fail_dropped(extent, dim);
+    }
     return s;
   }
 }
@@ -187,8 +220,8 @@ struct view_op {
         return d;
       }();
       auto fix = [&](const auto& slice, std::size_t at) {
-        if constexpr (std::is_integral_v<std::remove_cvref_t<decltype(slice)>>) return normalized_slice(slice, shape[at], at);
-        else return slice;
+        if constexpr (is_newaxis_slice<decltype(slice)>) return slice;
+        else return normalized_slice(slice, shape[at], at);
       };
       return xt::view(std::move(p), fix(s, dim[K])...);
     }(std::index_sequence_for<T...>{});
@@ -211,7 +244,7 @@ struct view_op {
             } else if constexpr (std::is_integral_v<T>) {
               out.push_back(static_cast<std::ptrdiff_t>(normalized_slice(slice, shape[d], d))), ++d;
             } else {
-              out.push_back(slice), ++d;
+              out.push_back(normalized_slice(slice, shape[d], d)), ++d;
             }
           };
           (add(s), ...);
@@ -466,7 +499,8 @@ struct join_op {
     constexpr std::string_view verb = Stack ? "stack" : "concat";
     auto payloads = std::tuple{payload_in<Env>(ys)...};
     const std::vector<std::vector<std::size_t>> shapes = std::apply(
-        [](const auto&... p) { return std::vector{positional_shape(p, Env::vectorized_count)...}; }, payloads);
+        [](const auto&... p) { return std::vector<std::vector<std::size_t>>{positional_shape(p, Env::vectorized_count)...}; },
+        payloads);
     const std::vector<std::size_t> out_trailing = std::apply(
         [](const auto&... p) { return broadcast_trailing({trailing_shape(p, Env::vectorized_count)...}); }, payloads);
     const auto& first = shapes[0];
@@ -804,6 +838,23 @@ struct take_op {
 };
 
 #if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+[[noreturn]] NAMEDAX_DECL void fail_zero_step(std::size_t dim) {
+  fail("namedax::view: xt::range with step 0 for dim ", dim, "; give a nonzero step");
+}
+
+NAMEDAX_DECL void check_kept_index(std::ptrdiff_t at, std::size_t extent, std::size_t dim) {
+  const auto n = static_cast<std::ptrdiff_t>(extent);
+  if (at < 0 || at >= n)
+    fail("namedax::view: xt::keep index ", at < 0 ? at - n : at, " is out of range for dim ", dim, " of extent ", extent,
+         "; pass indices in [", -n, ", ", n, ")");
+}
+
+[[noreturn]] NAMEDAX_DECL void fail_dropped(std::size_t extent, std::size_t dim) {
+  const auto n = static_cast<std::ptrdiff_t>(extent);
+  fail("namedax::view: xt::drop indices for dim ", dim, " of extent ", extent,
+       " are out of range, repeated or out of order; give distinct indices in [", -n, ", ", n, "), in increasing order");
+}
+
 NAMEDAX_DECL std::size_t positional_dim(std::string_view verb, std::ptrdiff_t dim, std::size_t rank) {
   const auto r = static_cast<std::ptrdiff_t>(rank);
   const std::ptrdiff_t d = dim < 0 ? dim + r : dim;
