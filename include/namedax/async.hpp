@@ -32,9 +32,6 @@ namespace namedax::async {
 /// (clang++ never destroys a value returned from the scope of a handle that throws so,
 /// llvm-project#12658: close the handle's scope before the return.)
 template <class R>
-class handles;
-
-template <class R>
 class handle {
  public:
   /// What wait() returns: the blocking collective's result type.
@@ -55,7 +52,7 @@ class handle {
   [[nodiscard]] bool pending() const { return state_.pending(); }
 
  private:
-  friend class handles<R>;
+  friend struct detail::handle_access;
   detail::async_state<R> state_;
 };
 
@@ -77,15 +74,12 @@ class handles {
   handles(handles&& other) noexcept : items_(std::move(other.items_)) {}
   /// Assigning over pending handles drops them (see above).
   handles& operator=(handles&& other) {
-    if (this != &other) {
-      drop_all();
-      items_ = std::move(other.items_);
-    }
+    if (this != &other) detail::drop_handles(items_, exceptions_), items_ = std::move(other.items_);
     return *this;
   }
   handles(const handles&) = delete;
   handles& operator=(const handles&) = delete;
-  ~handles() noexcept(false) { drop_all(); }
+  ~handles() noexcept(false) { detail::drop_handles(items_, exceptions_); }
 
   /// Takes `h` in, after the others; returns it as held here.
   handle<R>& push_back(handle<R> h) { return items_.emplace_back(std::move(h)); }
@@ -99,40 +93,11 @@ class handles {
   /// order; this then holds no handle. When a wait throws (a handle waited already, a failed
   /// device), the handles not yet waited are cancelled without a report of their own, and that
   /// error is the one that leaves.
-  [[nodiscard]] std::vector<R> wait_all() {
-    std::vector<R> out;
-    out.reserve(items_.size());
-    try {
-      for (auto& h : items_) out.push_back(h.wait());
-    } catch (...) {
-      for (auto& h : items_) h.state_.cancel();
-      items_.clear();
-      throw;
-    }
-    items_.clear();
-    return out;
-  }
+  [[nodiscard]] std::vector<R> wait_all() { return detail::wait_all_handles(items_); }
 
  private:
-  void drop_all() {
-    std::size_t dropped = 0, first = 0;
-    for (std::size_t k = items_.size(); k-- > 0;)
-      if (items_[k].pending()) ++dropped, first = k;
-    if (dropped == 0) return items_.clear();
-    const bool unwinding = std::uncaught_exceptions() > exceptions_;
-    std::string what;
-    if (!unwinding)
-      what = namedax::detail::message("namedax::async::handles: ", dropped, " of ", items_.size(),
-                                      " handles were dropped without wait(), the first ",
-                                      items_[first].state_.description(),
-                                      "; call wait_all() (or wait() on each handle) before they go away");
-    for (auto& h : items_) h.state_.cancel();
-    items_.clear();
-    if (!unwinding) namedax::detail::throw_dropped(what);
-  }
-
   std::vector<handle<R>> items_;
-  int exceptions_ = std::uncaught_exceptions();  // more than these unwinding: drop_all is silent
+  int exceptions_ = std::uncaught_exceptions();  // more than these unwinding: dropping is silent
 };
 
 /// ppermute, started now and waited later: sends the value of index `source` to index

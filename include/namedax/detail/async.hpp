@@ -591,6 +591,54 @@ class async_state {
   int exceptions_ = 0;
 };
 
+/// Reaches the state of a namedax::async::handle, whose friend it is, for the bodies of
+/// namedax::async::handles below.
+struct handle_access {
+  template <class H>
+  static auto& state(H& h) {
+    return h.state_;
+  }
+};
+
+/// namedax::async::handles::wait_all: waits on each handle in order and returns the results
+/// in that order, leaving `items` empty; when a wait throws, the handles not yet waited are
+/// cancelled without a report of their own, and that error leaves.
+template <class H>
+std::vector<typename H::result_type> wait_all_handles(std::vector<H>& items) {
+  std::vector<typename H::result_type> out;
+  out.reserve(items.size());
+  try {
+    for (auto& h : items) out.push_back(h.wait());
+  } catch (...) {
+    for (auto& h : items) handle_access::state(h).cancel();
+    items.clear();
+    throw;
+  }
+  items.clear();
+  return out;
+}
+
+/// namedax::async::handles going away (or assigned over): cancels every handle of `items` and,
+/// when some were pending and no more exceptions than `exceptions` (those at its construction)
+/// are unwinding, throws one handle_dropped_error with their count and the first one's
+/// description.
+template <class H>
+void drop_handles(std::vector<H>& items, int exceptions) {
+  std::size_t dropped = 0, first = 0;
+  for (std::size_t k = items.size(); k-- > 0;)
+    if (items[k].pending()) ++dropped, first = k;
+  if (dropped == 0) return items.clear();
+  const bool unwinding = std::uncaught_exceptions() > exceptions;
+  std::string what;
+  if (!unwinding)
+    what = message("namedax::async::handles: ", dropped, " of ", items.size(), " handles were dropped without wait(), the first ",
+                   handle_access::state(items[first]).description(),
+                   "; call wait_all() (or wait() on each handle) before they go away");
+  for (auto& h : items) handle_access::state(h).cancel();
+  items.clear();
+  if (!unwinding) throw_dropped(what);
+}
+
 /// "namedax::<verb> over ('i', 'j')" for the names of a call, made when a message needs it.
 template <class Verb, class... Names>
 std::string async_what() {
