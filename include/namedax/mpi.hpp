@@ -787,50 +787,51 @@ inline void watch(mesh& m, std::string_view call, std::chrono::steady_clock::tim
   throw collective_error(message(waiter(m), ": ", what_happened, "; end the program (MPI_Abort)"));
 }
 
-inline void wait_watched(MPI_Request* requests, int count, std::string_view call) {
-  mesh& m = *current_mesh();
+/// The one waiting loop: polls `requests` until they complete (true) or `stop()`, asked after
+/// each poll that did not complete them, says to leave them pending (false). It spins first (a
+/// small call completes within microseconds), then yields the core to the other processes and
+/// threads on it, then sleeps between polls: its core goes to those still computing (a peer's
+/// oversubscribed threads, whose work the call waits for); and once past spinning, the
+/// watchdog takes its turn at each poll.
+template <class Stop>
+bool wait_polling(mesh& m, MPI_Request* requests, int count, std::string_view call, Stop stop) {
   const auto since = std::chrono::steady_clock::now();
   int done = 0;
   for (unsigned polls = 0;; ++polls) {
     check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), call);
-    if (done) return;
+    if (done) return true;
+    if (stop()) return false;
     if (polls > 4096) std::this_thread::sleep_for(std::chrono::microseconds(20));
     else if (polls > 256) std::this_thread::yield();
     if (polls > 256) watch(m, call, since);
   }
 }
 
+inline void wait_watched(MPI_Request* requests, int count, std::string_view call) {
+  (void)wait_polling(*current_mesh(), requests, count, call, [] { return false; });
+}
+
 inline void wait_or_abandon(MPI_Request* requests, int count, std::string_view call) {
   mesh& m = *current_mesh();
-  int done = 0, noticed = 0;
-  MPI_Status status;
   std::string notice;
-  const auto since = std::chrono::steady_clock::now();
-  // Spin first (a small call completes within microseconds), then yield the core to the
-  // other processes and threads on it, then sleep.
-  for (unsigned polls = 0;; ++polls) {
-    check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), call);
-    if (done) {
-      m.call_done = true;
-      if (m.flights_recorded) m.last_flight().state = "done";
-      return;
-    }
+  // A process failed. Unless it had completed this very call (it failed after it, before the
+  // next agreement, where every process learns of it), this call may never complete.
+  auto notified = [&] {
+    int noticed = 0;
+    MPI_Status status;
     check(MPI_Iprobe(MPI_ANY_SOURCE, 0, m.notices, &noticed, &status), "MPI_Iprobe");
-    if (noticed) {
-      // A process failed. Unless it had completed this very call (it failed after it, before
-      // the next agreement, where every process learns of it), this call may never complete.
-      notice = m.receive_notice(status.MPI_SOURCE);
-      const auto first = notice.find('\x03'), second = notice.find('\x03', first + 1);
-      const std::uint64_t at = std::stoull(notice.substr(0, first));
-      const bool completed = notice[first + 1] == '1';
-      notice.erase(0, second + 1);
-      if (at < m.agreements || (at == m.agreements && !completed)) break;
-    }
-    // A long wait sleeps between polls: its core goes to the processes and threads still
-    // computing (a peer's oversubscribed threads, whose work the call waits for).
-    if (polls > 4096) std::this_thread::sleep_for(std::chrono::microseconds(20));
-    else if (polls > 256) std::this_thread::yield();
-    if (polls > 256) watch(m, call, since);
+    if (!noticed) return false;
+    notice = m.receive_notice(status.MPI_SOURCE);
+    const auto first = notice.find('\x03'), second = notice.find('\x03', first + 1);
+    const std::uint64_t at = std::stoull(notice.substr(0, first));
+    const bool completed = notice[first + 1] == '1';
+    notice.erase(0, second + 1);
+    return at < m.agreements || (at == m.agreements && !completed);
+  };
+  if (wait_polling(m, requests, count, call, notified)) {
+    m.call_done = true;
+    if (m.flights_recorded) m.last_flight().state = "done";
+    return;
   }
   // This call stays pending (its communicator is dropped at the agreement that settles the failure).
   const auto cut = notice.find('\x02');
