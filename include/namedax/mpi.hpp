@@ -16,8 +16,11 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <complex>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <list>
 #include <map>
@@ -113,6 +116,128 @@ void nan_propagating(void* in, void* inout, int* length, MPI_Datatype*) {
     b[k] = (std::isnan(a[k]) || std::isnan(b[k])) ? std::numeric_limits<T>::quiet_NaN()
            : Max                                 ? (b[k] < a[k] ? a[k] : b[k])
                                                  : (a[k] < b[k] ? a[k] : b[k]);
+}
+
+/// What every agreement exchanges: one MPI_Allreduce on the world of this fixed-size record,
+/// merged by merge_records. The signature's hash travels as the maximum of it and of its
+/// complement over the processes (hash == ~complement only when every process sent the same);
+/// the payload of a small all-reduce rides along and is reduced only where the records agree.
+/// Every agreement sends the whole record, with a payload or without: processes that disagree
+/// (one sends a payload, another none, or another size) still make matching MPI calls.
+struct agreement_header {
+  std::uint64_t hash = 0, complement = 0;
+  std::uint64_t count = 0;  // payload elements (0: none)
+  std::uint32_t kind = 0, fold = 0;  // a fold_kind, or gathered
+  std::uint32_t differ = 0;  // a merge met records of the same hash that describe different payloads
+  std::uint32_t unused = 0;
+};
+struct agreement_record {
+  static constexpr std::size_t capacity = 1024;  // payload bytes
+  // The fold of an all-gather's payload: bytes or'ed, each process's block in its place and
+  // zeros elsewhere.
+  static constexpr std::uint32_t gathered = 3;
+  agreement_header header;
+  alignas(16) std::byte payload[capacity];
+};
+
+/// `count` elements of `in` folded into `inout` by `op`; the records MPI hands to an
+/// operation may be unaligned, so elements are copied in and out.
+template <class T, class Op>
+void fold_elements(const std::byte* in, std::byte* inout, std::size_t count, Op op) {
+  for (std::size_t k = 0; k < count; ++k) {
+    T a, b;
+    std::memcpy(&a, in + k * sizeof(T), sizeof(T));
+    std::memcpy(&b, inout + k * sizeof(T), sizeof(T));
+    b = op(a, b);
+    std::memcpy(inout + k * sizeof(T), &b, sizeof(T));
+  }
+}
+
+/// The fold of the MPI call the payload would otherwise make: MPI_SUM (integers wrap),
+/// nan_propagating for floating max and min, MPI_LOR and MPI_LAND for bools.
+template <class T>
+void fold_payload(const std::byte* in, std::byte* inout, std::size_t count, fold_kind fold) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (fold == fold_kind::min) fold_elements<T>(in, inout, count, [](bool a, bool b) { return a && b; });
+    else fold_elements<T>(in, inout, count, [](bool a, bool b) { return a || b; });
+  } else if (fold == fold_kind::sum) {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::make_unsigned_t<T>;
+      fold_elements<T>(in, inout, count, [](T a, T b) { return static_cast<T>(static_cast<U>(b) + static_cast<U>(a)); });
+    } else {
+      fold_elements<T>(in, inout, count, [](T a, T b) { return b + a; });
+    }
+  } else if constexpr (std::is_floating_point_v<T>) {
+    const bool max = fold == fold_kind::max;
+    fold_elements<T>(in, inout, count, [max](T a, T b) {
+      return (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<T>::quiet_NaN()
+             : max                            ? (b < a ? a : b)
+                                              : (a < b ? a : b);
+    });
+  } else if constexpr (std::is_integral_v<T>) {
+    if (fold == fold_kind::max) fold_elements<T>(in, inout, count, [](T a, T b) { return b < a ? a : b; });
+    else fold_elements<T>(in, inout, count, [](T a, T b) { return a < b ? a : b; });
+  }
+}
+
+/// Calls `f` with a null pointer of the element type of `kind`.
+template <class F>
+decltype(auto) with_element_type(element_kind kind, F&& f) {
+  switch (kind) {
+    case element_kind::boolean: return f(static_cast<bool*>(nullptr));
+    case element_kind::int8: return f(static_cast<std::int8_t*>(nullptr));
+    case element_kind::int16: return f(static_cast<std::int16_t*>(nullptr));
+    case element_kind::int32: return f(static_cast<std::int32_t*>(nullptr));
+    case element_kind::int64: return f(static_cast<std::int64_t*>(nullptr));
+    case element_kind::uint8: return f(static_cast<std::uint8_t*>(nullptr));
+    case element_kind::uint16: return f(static_cast<std::uint16_t*>(nullptr));
+    case element_kind::uint32: return f(static_cast<std::uint32_t*>(nullptr));
+    case element_kind::uint64: return f(static_cast<std::uint64_t*>(nullptr));
+    case element_kind::float32: return f(static_cast<float*>(nullptr));
+    case element_kind::float64: return f(static_cast<double*>(nullptr));
+    case element_kind::complex64: return f(static_cast<std::complex<float>*>(nullptr));
+    case element_kind::complex128: break;
+  }
+  return f(static_cast<std::complex<double>*>(nullptr));
+}
+
+/// The MPI operation of the agreement: headers merge by max (and `differ` marks a mismatch
+/// the hashes would miss), payloads fold only between records that describe them alike. When
+/// every process agrees, every merge is between agreeing records, so the payload is right.
+inline void merge_records(void* in, void* inout, int* length, MPI_Datatype*) {
+  for (int r = 0; r < *length; ++r) {
+    const auto* a = static_cast<const std::byte*>(in) + static_cast<std::size_t>(r) * sizeof(agreement_record);
+    auto* b = static_cast<std::byte*>(inout) + static_cast<std::size_t>(r) * sizeof(agreement_record);
+    agreement_header x, y;
+    std::memcpy(&x, a, sizeof x);
+    std::memcpy(&y, b, sizeof y);
+    const bool alike = x.hash == y.hash && x.complement == y.complement && x.count == y.count && x.kind == y.kind &&
+                       x.fold == y.fold;
+    const std::byte* from = a + offsetof(agreement_record, payload);
+    std::byte* into = b + offsetof(agreement_record, payload);
+    if (alike && !x.differ && !y.differ && y.fold == agreement_record::gathered && y.count <= agreement_record::capacity)
+      for (std::size_t k = 0; k < y.count; ++k) into[k] |= from[k];
+    else if (alike && !x.differ && !y.differ && y.count > 0)
+      with_element_type(static_cast<element_kind>(y.kind), [&]<class T>(T*) {
+        if (y.count * sizeof(T) <= agreement_record::capacity)
+          fold_payload<T>(from, into, y.count, static_cast<fold_kind>(y.fold));
+      });
+    y.hash = std::max(x.hash, y.hash), y.complement = std::max(x.complement, y.complement);
+    y.differ = x.differ || y.differ || !alike;
+    std::memcpy(b, &y, sizeof y);
+  }
+}
+
+/// The record's MPI datatype (one record: MPI never splits it) and the merge, made once.
+inline std::pair<MPI_Datatype, MPI_Op> agreement_exchange() {
+  static const std::pair<MPI_Datatype, MPI_Op> made = [] {
+    std::pair<MPI_Datatype, MPI_Op> m{MPI_DATATYPE_NULL, MPI_OP_NULL};
+    check(MPI_Type_contiguous(static_cast<int>(sizeof(agreement_record)), MPI_BYTE, &m.first), "MPI_Type_contiguous");
+    check(MPI_Type_commit(&m.first), "MPI_Type_commit");
+    check(MPI_Op_create(&merge_records, 1, &m.second), "MPI_Op_create");
+    return m;
+  }();
+  return made;
 }
 
 /// Waits for `requests` (a nonblocking MPI call on `call`'s behalf) and, meanwhile, for a
@@ -340,6 +465,10 @@ struct mesh {
   };
   std::array<flight, 16> flights;
   std::size_t flights_recorded = 0;
+  // The record every agreement sends and receives in place, and those of agreements that timed
+  // out: their calls stay pending and may still write to them.
+  std::unique_ptr<agreement_record> record = std::make_unique<agreement_record>();
+  std::vector<std::unique_ptr<agreement_record>> records_left;
   /// The last call recorded (there is one once a process map has started).
   flight& last_flight() { return flights[(flights_recorded + flights.size() - 1) % flights.size()]; }
 
@@ -360,6 +489,7 @@ struct mesh {
   ~mesh() {
     channels.clear();
     for (auto& c : abandoned) (void)c.release();  // their pending calls never complete: never freed
+    for (auto& r : records_left) (void)r.release();
     for (auto& [request, text] : status_sent) MPI_Request_free(&request);  // small: MPI completes them
     MPI_Comm_free(&status);
     MPI_Comm_free(&notices);
@@ -498,35 +628,41 @@ class grid final : public process_grid {
 
   void agree(std::string_view signature, std::string_view what) override {
     if (agree_on_every_collective()) {
-      agree_always(signature, what);
+      agreement(signature, what, nullptr);
     } else {
       mesh_->caller = this, mesh_->what = what, ++mesh_->agreements, mesh_->call_done = false;
       record_flight(signature, what, "started");
     }
   }
 
-  void agree_always(std::string_view signature, std::string_view what) override {
-    mesh_->caller = this, mesh_->what = what, ++mesh_->agreements, mesh_->call_done = false;
-    record_flight(signature, what, "agreeing");
-    const std::uint64_t mine = fingerprint_of(signature);
-    std::uint64_t seen[2] = {mine, ~mine};  // max and ~min over the processes: equal when all agree
-    MPI_Request request;
-    check(MPI_Iallreduce(MPI_IN_PLACE, seen, 2, MPI_UINT64_T, MPI_MAX, mesh_->world, &request), "MPI_Allreduce");
-    wait_watched(&request, 1, "the agreement before it, MPI_Allreduce");
-    mesh_->last_flight().state = "started";
-    if (seen[0] == ~seen[1]) {
-      // Every process threw the same: each one sent its notice to every other.
-      if (signature.starts_with(threw_marker)) {
-        std::vector<std::size_t> everyone(mesh_->size);
-        std::iota(everyone.begin(), everyone.end(), std::size_t{0});
-        mesh_->settle_failure(everyone);
-      }
-      return;
-    }
-    mesh_->failed = true;
-    const std::string found = disagreement(signature);
-    write_flight_record(*mesh_, path(), found);
-    throw collective_error(message(what, " on process ", path(), ": ", found));
+  void agree_always(std::string_view signature, std::string_view what) override { agreement(signature, what, nullptr); }
+
+  /// The agreement carries the payload where the channel is every process in world order (the
+  /// order of MPI_COMM_WORLD: the same reduction as the channel's MPI_Allreduce) and the payload
+  /// fits the record; not with NAMEDAX_MPI_AGREE=0, which makes no agreement.
+  std::size_t agree_and_allreduce(std::string_view signature, std::string_view what,
+                                  std::span<const std::string_view> names, const groups_t* groups, const void* in,
+                                  void* out, std::size_t count, element_kind kind, fold_kind fold) override {
+    const bool complex = kind == element_kind::complex64 || kind == element_kind::complex128;
+    const std::size_t bytes = with_element_type(kind, []<class T>(T*) { return sizeof(T); }) * count;
+    if (!every_process_in_order(names, groups) || (complex && fold != fold_kind::sum) ||
+        bytes > agreement_record::capacity)
+      return 0;
+    const carried payload{in, bytes, 0, out, bytes, count, kind, static_cast<std::uint32_t>(fold)};
+    agreement(signature, what, &payload);
+    return mesh_->size;
+  }
+
+  /// The same for an all-gather whose blocks together fit the record: each process sends its
+  /// block in its place (its world rank) and zeros elsewhere, which the merge ORs together.
+  std::size_t agree_and_allgather(std::string_view signature, std::string_view what,
+                                  std::span<const std::string_view> names, const groups_t* groups, const void* in,
+                                  void* out, std::size_t bytes) override {
+    if (!every_process_in_order(names, groups) || bytes * mesh_->size > agreement_record::capacity) return 0;
+    const carried payload{in,  bytes,          bytes * mesh_->rank,       out, bytes * mesh_->size,
+                          bytes * mesh_->size, element_kind::uint8, agreement_record::gathered};
+    agreement(signature, what, &payload);
+    return mesh_->size;
   }
 
   [[noreturn]] void raise_everywhere(std::exception_ptr error) override {
@@ -569,6 +705,72 @@ class grid final : public process_grid {
   }
 
  private:
+  /// The payload an agreement carries: `in_bytes` at `in`, placed at `at` in the record's
+  /// payload (zeros around it), whose first `out_bytes` are the result; as the header says it.
+  struct carried {
+    const void* in;
+    std::size_t in_bytes, at;
+    void* out;
+    std::size_t out_bytes, count;
+    element_kind kind;
+    std::uint32_t fold;
+  };
+
+  /// Whether channel(names, groups) is every process, ranked as in MPI_COMM_WORLD (so that the
+  /// agreement's call computes what the channel's would), and the agreement is made at all
+  /// (not with NAMEDAX_MPI_AGREE=0).
+  bool every_process_in_order(std::span<const std::string_view> names, const groups_t* groups) const {
+    if (!agree_on_every_collective() || groups || block_ != 1 || names.size() != axes_.size()) return false;
+    for (std::size_t k = 0; k < names.size(); ++k)
+      if (names[k] != axes_[k].name) return false;
+    return true;
+  }
+
+  /// Every process's `signature` in one MPI_Allreduce of the record on the world (with
+  /// `payload`, also the all-reduce); throws a collective_error on every process when they differ.
+  void agreement(std::string_view signature, std::string_view what, const carried* payload) {
+    mesh_->caller = this, mesh_->what = what, ++mesh_->agreements, mesh_->call_done = false;
+    record_flight(signature, what, "agreeing");
+    agreement_record& record = *mesh_->record;
+    const std::uint64_t mine = fingerprint_of(signature);
+    record.header = {mine, ~mine, 0, 0, 0, 0, 0};
+    if (payload) {
+      record.header.count = payload->count;
+      record.header.kind = static_cast<std::uint32_t>(payload->kind), record.header.fold = payload->fold;
+      std::memset(record.payload, 0, payload->at);
+      if (payload->in_bytes) std::memcpy(record.payload + payload->at, payload->in, payload->in_bytes);
+      std::memset(record.payload + payload->at + payload->in_bytes, 0, payload->out_bytes - payload->at - payload->in_bytes);
+    }
+    const auto [type, op] = agreement_exchange();
+    MPI_Request request;
+    check(MPI_Iallreduce(MPI_IN_PLACE, &record, 1, type, op, mesh_->world, &request), "MPI_Allreduce");
+    try {
+      wait_watched(&request, 1,
+                   payload ? "MPI_Allreduce, which carries the agreement" : "the agreement before it, MPI_Allreduce");
+    } catch (...) {
+      mesh_->records_left.push_back(std::exchange(mesh_->record, std::make_unique<agreement_record>()));
+      throw;
+    }
+    mesh_->last_flight().state = "started";
+    if (record.header.hash == ~record.header.complement && !record.header.differ) {
+      if (payload) {
+        if (payload->out_bytes) std::memcpy(payload->out, record.payload, payload->out_bytes);
+        mesh_->call_done = true, mesh_->last_flight().state = "done";
+      }
+      // Every process threw the same: each one sent its notice to every other.
+      if (signature.starts_with(threw_marker)) {
+        std::vector<std::size_t> everyone(mesh_->size);
+        std::iota(everyone.begin(), everyone.end(), std::size_t{0});
+        mesh_->settle_failure(everyone);
+      }
+      return;
+    }
+    mesh_->failed = true;
+    const std::string found = disagreement(signature);
+    write_flight_record(*mesh_, path(), found);
+    throw collective_error(message(what, " on process ", path(), ": ", found));
+  }
+
   /// Keeps the call in the flight record.
   void record_flight(std::string_view signature, std::string_view what, const char* state) {
     auto& f = mesh_->flights[mesh_->flights_recorded++ % mesh_->flights.size()];
@@ -595,8 +797,9 @@ class grid final : public process_grid {
     rethrow_from_device(error, note);
   }
 
-  /// NAMEDAX_MPI_AGREE=0 skips the agreement before each collective (a 16-byte
-  /// MPI_Allreduce), for measuring: processes that make different calls may then hang.
+  /// NAMEDAX_MPI_AGREE=0 skips the agreement before each collective (an MPI_Allreduce of the
+  /// agreement record, which a small all-reduce's payload rides on), for measuring: processes
+  /// that make different calls may then hang.
   static bool agree_on_every_collective() {
     static const bool on = [] {
       const char* text = std::getenv("NAMEDAX_MPI_AGREE");

@@ -30,6 +30,20 @@
 using namespace namedax::literals;
 using namedax_test::error_of;
 
+// The nonblocking all-reduces and all-gathers this process starts (namedax's agreements and
+// collectives), counted through MPI's profiling interface: these definitions stand in for MPI's own.
+std::atomic<long> collective_calls{0};
+int MPI_Iallreduce(const void* in, void* out, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                   MPI_Request* request) {
+  ++collective_calls;
+  return PMPI_Iallreduce(in, out, count, type, op, comm, request);
+}
+int MPI_Iallgather(const void* in, int in_count, MPI_Datatype in_type, void* out, int out_count, MPI_Datatype out_type,
+                   MPI_Comm comm, MPI_Request* request) {
+  ++collective_calls;
+  return PMPI_Iallgather(in, in_count, in_type, out, out_count, out_type, comm, request);
+}
+
 namespace {
 
 std::size_t processes = 0;  // in MPI_COMM_WORLD, set by main
@@ -685,6 +699,110 @@ TEST_SUITE("errors") {
     };
     CHECK(collective_error_of([&] { namedax::mpi::pmap<"i">(g)(x); }).find("different calls") != std::string::npos);
     check_like_vmap([](auto x) { return namedax::psum(x, "i"_ax); }, 0, x);
+  }
+}
+
+TEST_SUITE("small all-reduces and all-gathers: the agreement carries the payload") {
+  TEST_CASE("a small all-reduce or all-gather over every process is one MPI call; a larger one, or in groups, two") {
+    const std::size_t n = processes;
+    long calls = -1;
+    // The MPI_Iallreduce and MPI_Iallgather calls of one collective inside a process map.
+    auto counted = [&calls](auto collective) {
+      return [&calls, collective](auto v) {
+        const long before = collective_calls;
+        auto r = collective(v);  // a collective over processes runs when it is called
+        calls = collective_calls - before;
+        return r;
+      };
+    };
+    const xt::xarray<float> fits = xt::ones<float>({n, std::size_t{256}});  // 1 KiB per process
+    const xt::xarray<float> larger = xt::ones<float>({n, std::size_t{257}});
+    const xt::xarray<double> doubles = xt::ones<double>({n, std::size_t{128}});
+    auto sum = [](auto v) { return namedax::psum(v, "i"_ax); };
+    auto expect_calls = [&](auto collective, const auto& x, long expected) {
+      calls = -1;
+      (void)namedax::mpi::pmap<"i">(counted(collective))(x);
+      CHECK(calls == expected);
+    };
+    expect_calls(sum, fits, 1);
+    expect_calls([](auto v) { return namedax::pmax(v, "i"_ax); }, fits, 1);
+    expect_calls([](auto v) { return namedax::pmin(v, "i"_ax); }, doubles, 1);
+    expect_calls([](auto v) { return namedax::pmean(v, "i"_ax); }, doubles, 1);
+    expect_calls([](auto v) { return namedax::psum(std::tuple{v, v}, "i"_ax); }, xt::ones<float>({n, std::size_t{4}}), 1);
+    expect_calls(sum, larger, 2);  // the agreement, then MPI_Allreduce
+    expect_calls([&](auto v) { return namedax::psum(v, "i"_ax, {.axis_index_groups = pairs_reversed(n)}); }, fits, 2);
+    // An all-gather whose blocks together fit 1 KiB.
+    auto gather = [](auto v) { return namedax::all_gather(v, "i"_ax); };
+    expect_calls(gather, xt::ones<float>({n, 256 / n}), 1);
+    expect_calls([](auto v) { return namedax::all_gather(v, "i"_ax, {.tiled = true}); }, xt::ones<double>({n, 128 / n}), 1);
+    expect_calls(gather, xt::ones<float>({n, 256 / n + 1}), 2);
+    expect_calls([&](auto v) { return namedax::all_gather(v, "i"_ax, {.axis_index_groups = pairs_reversed(n)}); },
+                 xt::ones<float>({n, std::size_t{2}}), 2);
+  }
+
+  TEST_CASE_TEMPLATE("small psum, pmax, pmin, pmean and all_gather over processes: the device path's bits", T, float,
+                     double, std::int32_t, std::int64_t) {
+    std::mt19937 rng(37);
+    const std::size_t n = processes;
+    auto f = [](auto x) {
+      return std::tuple{namedax::psum(x, "i"_ax), namedax::pmax(x, "i"_ax), namedax::pmin(x, "i"_ax),
+                        namedax::pmean(x, "i"_ax), namedax::psum(std::tuple{x, x}, "i"_ax), namedax::all_gather(x, "i"_ax)};
+    };
+    // A scalar, a few elements, and as many as 1 KiB holds (and one more: the other path).
+    for (std::size_t elements : {std::size_t{0}, std::size_t{1}, std::size_t{7}, 1024 / sizeof(T), 1024 / sizeof(T) + 1}) {
+      CAPTURE(elements);
+      xt::xarray<T> x = elements ? whole_numbers<T>(rng, {n, elements}) : whole_numbers<T>(rng, {n});
+      if constexpr (std::is_floating_point_v<T>) {
+        if (elements > 2) {
+          x(1, 0) = std::numeric_limits<T>::quiet_NaN();
+          x(0, 1) = std::numeric_limits<T>::infinity(), x(n - 1, 1) = -std::numeric_limits<T>::infinity();
+        }
+      } else if (elements > 2) {
+        x(1, 0) = std::numeric_limits<T>::max(), x(0, 1) = std::numeric_limits<T>::min();
+      }
+      check_same(namedax::mpi::pmap<"i">(f)(x), namedax::pmap<"i">(f)(x));
+    }
+  }
+
+  TEST_CASE("processes that disagree on a small all-reduce all get the same collective_error, and nobody hangs") {
+    const std::size_t n = processes;
+    const xt::xarray<float> x = xt::ones<float>({n, std::size_t{1000}});
+    const auto first = [](std::size_t k) { return xt::range(std::size_t{0}, k); };
+    // Process 1 calls `odd`, the others `even`; the error names both calls.
+    auto check_disagreement = [&](auto even, auto odd, const std::string& calls) {
+      auto f = [&](auto v) {
+        if (namedax::axis_index("i"_ax) == 1) (void)namedax::eval(odd(v));
+        else (void)namedax::eval(even(v));
+        return v;
+      };
+      const std::string what = collective_error_of([&] { namedax::mpi::pmap<"i">(f)(x); });
+      CAPTURE(world_rank);
+      CHECK_MESSAGE(what.find("processes made different calls at the same point: process i=0 (rank 0) called " + calls) !=
+                        std::string::npos,
+                    what);
+      CHECK_MESSAGE(what.find("; every process must make the same collective calls in the same order") != std::string::npos,
+                    what);
+    };
+    auto psum_of = [&](std::size_t k) { return [&, k](auto v) { return namedax::psum(namedax::view(v, first(k)), "i"_ax); }; };
+    check_disagreement(psum_of(3), psum_of(5),
+                       "psum over ('i',) of payload shape (3,) and type float32, process i=1 (rank 1) called psum over "
+                       "('i',) of payload shape (5,) and type float32");
+    check_disagreement(psum_of(8), [&](auto v) { return namedax::pmax(namedax::view(v, first(8)), "i"_ax); },
+                       "psum over ('i',) of payload shape (8,) and type float32, process i=1 (rank 1) called pmax "
+                       "over ('i',) of payload shape (8,) and type float32");
+    // A payload the agreement carries against one it does not, against another collective, and
+    // against the same bytes of another type.
+    check_disagreement(psum_of(8), psum_of(1000),
+                       "psum over ('i',) of payload shape (8,) and type float32, process i=1 (rank 1) called psum over "
+                       "('i',) of payload shape (1000,) and type float32");
+    check_disagreement(psum_of(8), [&](auto v) { return namedax::all_gather(namedax::view(v, first(8)), "i"_ax); },
+                       "psum over ('i',) of payload shape (8,) and type float32, process i=1 (rank 1) called all_gather");
+    check_disagreement(psum_of(8),
+                       [&](auto v) { return namedax::psum(namedax::cast<double>(namedax::view(v, first(4))), "i"_ax); },
+                       "psum over ('i',) of payload shape (8,) and type float32, process i=1 (rank 1) called psum over "
+                       "('i',) of payload shape (4,) and type float64");
+    // And the processes still work together afterwards.
+    check_like_vmap([](auto v) { return namedax::psum(v, "i"_ax); }, 0, x);
   }
 }
 

@@ -28,6 +28,16 @@ struct process_call {
   strided_block<T> in;
   xt::xarray<T> contiguous;
   std::string_view verb;
+  std::size_t exchanged_among = 0;  // processes, when the agreement carried the exchange (no channel then)
+};
+
+/// A process path whose exchange cannot ride on the agreement.
+struct agree_alone {
+  template <class T>
+  std::size_t operator()(process_grid&, const collective_call&, std::span<const std::string_view>,
+                         const process_call<T>&) const {
+    return 0;
+  }
 };
 
 /// Whether every axis is placed on processes and the operand varies along it, on a
@@ -61,10 +71,12 @@ inline process_start*& process_start_in_progress() {
   return current;
 }
 
-template <class T>
+/// `at_once(grid, described, names, call)` may make the agreement and the exchange one call
+/// and return the number of processes it reached (the call has no channel then), else 0.
+template <class T, class AtOnce = agree_alone>
 std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_block<T> in,
                                               std::span<const named_axis> axes, const std::optional<groups_t>& groups,
-                                              bool equal_groups, std::string_view options) {
+                                              bool equal_groups, std::string_view options, AtOnce at_once = {}) {
   if (!placed_on_processes(axes)) return std::nullopt;
   const process_start* async = process_start_in_progress();
   const bool replaying = async && async->now == process_start::phase::replaying;  // agreed at the start
@@ -77,6 +89,10 @@ std::optional<process_call<T>> whole_payloads(std::string_view verb, strided_blo
   process_grid& grid = innermost_process_grid();
   if (!replaying) {
     const collective_call described = call_of<T>(verb, axes, options, groups, call.in.shape);
+    if ((call.exchanged_among = at_once(grid, described, names, call))) {
+      at_fault_point(fault_point::exchanged, verb);  // done: every process has the result
+      return call;
+    }
     grid.agree(described.signature, described.what);
   }
   call.channel = &grid.channel(names, groups ? &*groups : nullptr);  // made by the first call: no exchange
@@ -133,35 +149,62 @@ void exchange_across_processes(process_call<T>& call, xt::xarray<T>& out, Start 
 NAMEDAX_DECL bool groups_divide(std::size_t length, std::span<const named_axis> axes,
                                 const std::optional<groups_t>& groups, bool tiled);
 
-/// psum, pmean, pmax, pmin: MPI_Allreduce. Returns the result and pmean's divisor.
+/// psum, pmean, pmax, pmin: MPI_Allreduce, in the agreement's own call where the transport
+/// can (agree_and_allreduce; not in an asynchronous start, whose call stays in flight).
+/// Returns the result and pmean's divisor.
 template <class T>
 std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_across_processes(
     std::string_view verb, const strided_block<T>& in, std::span<const named_axis> axes,
     const std::optional<groups_t>& groups, fold_kind fold, std::string_view options = "") {
-  auto call = whole_payloads<T>(verb, in, axes, groups, false, options);
+  xt::xarray<T> out;
+  bool made = false;  // `out`, for the agreement that carries the payload
+  auto at_once = [&](process_grid& grid, const collective_call& described, std::span<const std::string_view> names,
+                     const process_call<T>& c) -> std::size_t {
+    if (process_start_in_progress()) return 0;
+    out = uninitialized_array<T>(c.in.shape), made = true;
+    return grid.agree_and_allreduce(described.signature, described.what, names, groups ? &*groups : nullptr,
+                                    c.in.data, out.data(), out.size(), element_kind_of<T>(), fold);
+  };
+  auto call = whole_payloads<T>(verb, in, axes, groups, false, options, at_once);
   if (!call) return std::nullopt;
-  auto out = uninitialized_array<T>(call->in.shape);
-  exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
-    return c.start_allreduce(in, o, out.size(), element_kind_of<T>(), fold);
-  });
+  if (!call->exchanged_among) {
+    if (!made) out = uninitialized_array<T>(call->in.shape);
+    exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
+      return c.start_allreduce(in, o, out.size(), element_kind_of<T>(), fold);
+    });
+  }
   xt::xarray<float> divisor = xt::xarray<float>::from_shape(std::vector<std::size_t>(in.shape.size(), 1));
-  divisor.fill(static_cast<float>(call->channel->size()));
+  divisor.fill(static_cast<float>(call->exchanged_among ? call->exchanged_among : call->channel->size()));
   return std::pair{std::move(out), std::move(divisor)};
 }
 
-/// all_gather along positional axis 0: MPI_Allgather straight into the output.
+/// all_gather along positional axis 0: MPI_Allgather straight into the output, or in the
+/// agreement's own call where the transport can (agree_and_allgather; without groups, and
+/// not in an asynchronous start).
 template <class T>
 std::optional<xt::xarray<T>> all_gather_across_processes(std::string_view verb, const strided_block<T>& in,
                                                          std::size_t positional_rank, std::span<const named_axis> axes,
                                                          const std::optional<groups_t>& groups, int axis, bool tiled) {
   if (axis != 0 || (tiled && positional_rank == 0)) return std::nullopt;
-  auto call = whole_payloads<T>(verb, in, axes, groups, true, gather_options(axis, tiled));
+  auto gathered_shape = [tiled](dims_t shape, std::size_t g) {
+    if (tiled) shape[0] *= g;
+    else insert_dim(shape, 0, g);
+    return shape;
+  };
+  xt::xarray<T> out;
+  auto at_once = [&](process_grid& grid, const collective_call& described, std::span<const std::string_view> names,
+                     const process_call<T>& c) -> std::size_t {
+    if (groups || process_start_in_progress()) return 0;
+    out = uninitialized_array<T>(gathered_shape(c.in.shape, member_count(axes)));
+    return grid.agree_and_allgather(described.signature, described.what, names, nullptr, c.in.data, out.data(),
+                                    element_count(c.in.shape) * sizeof(T));
+  };
+  auto call = whole_payloads<T>(verb, in, axes, groups, true, gather_options(axis, tiled), at_once);
   if (!call) return std::nullopt;
-  dims_t shape = call->in.shape;
-  const std::size_t g = call->channel->size();
-  if (tiled) shape[0] *= g;
-  else insert_dim(shape, 0, g);
-  auto out = uninitialized_array<T>(shape);
+  if (call->exchanged_among) return out;
+  const dims_t shape = gathered_shape(call->in.shape, call->channel->size());
+  if (!std::equal(shape.begin(), shape.end(), out.shape().begin(), out.shape().end()))
+    out = uninitialized_array<T>(shape);
   exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
     return c.start_allgather(in, o, element_count(call->in.shape) * sizeof(T));
   });
@@ -263,9 +306,9 @@ NAMEDAX_DECL bool groups_divide(std::size_t length, std::span<const named_axis> 
 
 #ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
 #define NAMEDAX_INSTANTIATE(T)                                                                                             \
-  NAMEDAX_EXTERN template std::optional<process_call<T>> whole_payloads<T>(                                                \
+  NAMEDAX_EXTERN template std::optional<process_call<T>> whole_payloads<T, agree_alone>(                                   \
       std::string_view, strided_block<T>, std::span<const named_axis>, const std::optional<groups_t>&, bool,               \
-      std::string_view);                                                                                                   \
+      std::string_view, agree_alone);                                                                                      \
   NAMEDAX_EXTERN template std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_across_processes<T>(           \
       std::string_view, const strided_block<T>&, std::span<const named_axis>, const std::optional<groups_t>&, fold_kind,   \
       std::string_view);                                                                                                   \

@@ -132,6 +132,25 @@ struct process_grid {
   /// Checks that every process makes the same call: `signature` must be equal everywhere,
   /// else every process throws a collective_error naming the processes and their calls.
   virtual void agree(std::string_view signature, std::string_view what) = 0;
+  /// `agree`, and in the same exchange an all-reduce of `count` elements at `in` into `out`
+  /// among the processes of channel(names, groups), where the transport can do both at once
+  /// (MPI: a small payload among all processes, one MPI_Allreduce). Returns the number of
+  /// processes reduced over then; 0 where it cannot, having done nothing: the caller agrees
+  /// and reduces apart.
+  virtual std::size_t agree_and_allreduce(std::string_view /*signature*/, std::string_view /*what*/,
+                                          std::span<const std::string_view> /*names*/, const groups_t* /*groups*/,
+                                          const void* /*in*/, void* /*out*/, std::size_t /*count*/, element_kind,
+                                          fold_kind) {
+    return 0;
+  }
+  /// `agree`, and in the same exchange an all-gather of `bytes` at `in` from every process of
+  /// channel(names, groups) into `out`, in rank order, where the transport can do both at once
+  /// (MPI: when every block fits the agreement). Returns the number of processes then, else 0.
+  virtual std::size_t agree_and_allgather(std::string_view /*signature*/, std::string_view /*what*/,
+                                          std::span<const std::string_view> /*names*/, const groups_t* /*groups*/,
+                                          const void* /*in*/, void* /*out*/, std::size_t /*bytes*/) {
+    return 0;
+  }
   /// Processes per index of the innermost process axis (all processes before any): what a
   /// new process axis splits among its indices.
   [[nodiscard]] virtual std::size_t block_size() const = 0;
