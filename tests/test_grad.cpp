@@ -4,7 +4,9 @@
 // step 1e-6), in vmap, pmap, nested maps and a mesh, vmap and pmap agreeing bit for bit; the
 // variance semantics (replicated parameters, psum of a loss, varying results), ties of
 // pmax/pmin and of the local extremes, constants (pargmax, integers, bools, stop_gradient),
-// grad outside any map, pytrees, value_and_grad, vjp, the error of a non-scalar result and
+// grad outside any map, pytrees, value_and_grad, vjp, the options argnums and has_aux,
+// checkpoint (the same gradient, the forward run again), jvp (the closed form and the
+// dot-product identity with vjp), the error of a non-scalar result and
 // of a cotangent of another shape, and nested derivatives (an error until they are supported).
 //
 // One generic checker serves every rule: a family of rules is one function `f(x, c, op)` that
@@ -14,6 +16,7 @@
 #include <xtensor/xadapt.hpp>
 #include <xtensor/xmath.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -555,6 +558,116 @@ TEST_SUITE("grad") {
     CHECK(message.find("scalar") != std::string::npos);
     CHECK(error_of([&] { (void)namedax::value_and_grad([](const auto& v) { return namedax::sum(v, 0); })(x); })
               .find("namedax::value_and_grad") != std::string::npos);
+  }
+
+  TEST_CASE("grad options argnums and has_aux, checkpoint, jvp: against the closed forms, vjp and every placement") {
+    std::mt19937 rng(38);
+    const xt::xarray<double> x = uniform(rng, {4, 3}, -1, 1);
+    const xt::xarray<double> w = uniform(rng, {4, 3}, -1, 1);
+    const double s = 0.75;
+    // argnums: f(a, b, s) = s * sum(a * a * b); d/da = 2 s a b, d/db = s a^2, d/ds = sum(a^2 b).
+    auto f = [](const auto& a, const auto& b, const auto& c) { return namedax::sum(a * a * b) * c; };
+    const auto [ga, gs] = namedax::grad(f, namedax::argnums<0, 2>)(x, w, s);
+    check_exact("argnums<0, 2>: a", ga, 2 * s * x * w);
+    CHECK(std::abs(gs - xt::sum(x * x * w)()) < 1e-12);
+    const xt::xarray<double> gb = namedax::grad(f, namedax::argnums<1>)(x, w, s);
+    check_exact("argnums<1>: b", gb, s * x * x);
+    const auto [value, grads] = namedax::value_and_grad(f, namedax::argnums<2, 0>)(x, w, s);
+    CHECK(std::abs(value.value() - s * xt::sum(x * x * w)()) < 1e-12);
+    CHECK(std::get<0>(grads) == gs);
+    CHECK_BITWISE(std::get<1>(grads), ga);
+    // has_aux: the function returns (loss, aux); aux comes back as plain values, not traced.
+    auto with_aux = [](const auto& a, const auto& b) {
+      return std::pair{namedax::sum(namedax::sin(a) * b), std::tuple{namedax::cos(a), 7}};
+    };
+    const auto [g_aux, aux] = namedax::grad(with_aux, namedax::has_aux)(x, w);
+    check_exact("has_aux: gradient", g_aux, xt::cos(x) * w);
+    const xt::xarray<double> aux_cos = std::get<0>(aux).payload();
+    check_exact("has_aux: aux", aux_cos, xt::cos(x));
+    CHECK(std::get<1>(aux) == 7);
+    // A constant argument is given as it is (here a plain array), as JAX gives it.
+    auto product_with_aux = [](const auto& a, const auto& b) { return std::pair{namedax::sum(a * b * b), 7}; };
+    const auto [value_aux, g_value_aux] =
+        namedax::value_and_grad(product_with_aux, namedax::has_aux, namedax::argnums<1>)(x, w);
+    CHECK(std::abs(value_aux.first.value() - xt::sum(x * w * w)()) < 1e-12);
+    CHECK(value_aux.second == 7);
+    check_exact("value_and_grad, has_aux, argnums<1>", g_value_aux, 2 * x * w);
+    // In vmap and pmap, bit for bit: the gradient of a psum'd loss and a varying aux.
+    auto mapped_aux = [&](const auto& a, const auto& b) {
+      return namedax::grad(
+          [](const auto& p, const auto& q) { return std::pair{namedax::psum(namedax::sum(p * q), "i"_ax), p * 2.0}; },
+          namedax::has_aux)(a, b);
+    };
+    const auto [vg, va] = namedax::vmap<"i">(mapped_aux)(x, w);
+    const auto [pg, pa] = namedax::pmap<"i">(mapped_aux)(x, w);
+    check_exact("has_aux in vmap: gradient", vg, w);
+    check_exact("has_aux in vmap: aux", va, 2.0 * x);
+    CHECK_BITWISE(vg, pg);
+    CHECK_BITWISE(va, pa);
+
+    // checkpoint: the same gradient, the block's forward run once more in the backward pass.
+    std::atomic<int> calls{0};
+    auto layer = [&calls](const auto& a, const auto& b) {
+      ++calls;
+      return namedax::tanh(namedax::sin(a) * b);
+    };
+    auto remat = namedax::checkpoint(layer);
+    const xt::xarray<double> plain = namedax::grad([&](const auto& a) { return namedax::sum(layer(layer(a, w), w)); })(x);
+    calls = 0;
+    const xt::xarray<double> rematerialized =
+        namedax::grad([&](const auto& a) { return namedax::sum(remat(remat(a, w), w)); })(x);
+    CHECK(calls == 4);  // two blocks, each forward and again backward
+    check_exact("checkpoint", rematerialized, plain);
+    // Outside any derivative it is the function itself.
+    calls = 0;
+    const xt::xarray<double> once = namedax::vmap<"i">(remat)(x, w);
+    CHECK(calls == 1);
+    check_exact("checkpoint without grad", once, xt::tanh(xt::sin(x) * w));
+    // With a collective inside the block, and both operands traced, in vmap and pmap.
+    auto mapped_remat = [](const auto& a, const auto& b) {
+      auto block = namedax::checkpoint(
+          [](const auto& p, const auto& q) { return namedax::tanh(p * namedax::psum(p * q, "i"_ax)); });
+      return namedax::grad(
+          [&](const auto& p, const auto& q) { return namedax::psum(namedax::sum(block(block(p, q), q)), "i"_ax); },
+          namedax::argnums<0, 1>)(a, b);
+    };
+    auto mapped_plain = [](const auto& a, const auto& b) {
+      auto block = [](const auto& p, const auto& q) { return namedax::tanh(p * namedax::psum(p * q, "i"_ax)); };
+      return namedax::grad(
+          [&](const auto& p, const auto& q) { return namedax::psum(namedax::sum(block(block(p, q), q)), "i"_ax); },
+          namedax::argnums<0, 1>)(a, b);
+    };
+    const auto [rx, rw] = namedax::vmap<"i">(mapped_remat)(x, w);
+    const auto [qx, qw] = namedax::pmap<"i">(mapped_remat)(x, w);
+    const auto [px, pw] = namedax::vmap<"i">(mapped_plain)(x, w);
+    CHECK_BITWISE(rx, qx);
+    CHECK_BITWISE(rw, qw);
+    check_exact("checkpoint in vmap: x", rx, px);
+    check_exact("checkpoint in vmap: w", rw, pw);
+
+    // jvp: the closed form, and <jvp(t), c> == <t, vjp(c)>.
+    const xt::xarray<double> t = uniform(rng, {4, 3}, -1, 1);
+    const xt::xarray<double> c = uniform(rng, {4, 3}, -1, 1);
+    auto g = [](const auto& a, const auto& b) { return namedax::sin(a) * b; };
+    const auto [y, dy] = namedax::jvp(g, std::tuple{x, w}, std::tuple{t, c});
+    const xt::xarray<double> y_array = y.payload(), dy_array = dy.payload();
+    check_exact("jvp: value", y_array, xt::sin(x) * w);
+    check_exact("jvp: tangent", dy_array, xt::cos(x) * w * t + xt::sin(x) * c);
+    const xt::xarray<double> no_tangent = xt::zeros<double>({4, 3});
+    const xt::xarray<double> along_x = namedax::jvp(g, std::tuple{x, w}, std::tuple{t, no_tangent}).second.payload();
+    const auto [out, pullback] = namedax::vjp(g, x, w);
+    const auto [cx, cw] = pullback(c);
+    const double forward = xt::sum(along_x * c)();
+    const double backward = xt::sum(t * cx)();
+    CHECK(std::abs(forward - backward) < 1e-12 * (1 + std::abs(forward)));
+    // A scalar result and a scalar primal.
+    const auto [total, d_total] = namedax::jvp([](const auto& a, const auto& k) { return namedax::sum(a * k); },
+                                               std::tuple{x, 2.0}, std::tuple{t, 1.0});
+    CHECK(std::abs(d_total.value() - (2.0 * xt::sum(t)() + xt::sum(x)())) < 1e-12);
+    (void)total;
+    // A tangent of another shape than its primal.
+    CHECK(error_of([&] { (void)namedax::jvp(g, std::tuple{x, w}, std::tuple{t, xt::xarray<double>({1.0, 2.0})}); })
+              .find("namedax::jvp: the tangent of argument 1 has shape (2,) but its primal has shape (4, 3)") != std::string::npos);
   }
 
   TEST_CASE("vjp: a cotangent of another shape than the output is a namedax::error naming both shapes") {

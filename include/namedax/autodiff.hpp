@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Reverse-mode derivatives of functions of named values: namedax::grad, value_and_grad and
-// vjp, as JAX's. See docs/adjoints.md.
+// Reverse-mode derivatives of functions of named values: namedax::grad, value_and_grad (with
+// the options argnums and has_aux), vjp, jvp and checkpoint, as JAX's. See docs/adjoints.md.
 //
 //   auto loss = [](const auto& w, const auto& x, const auto& y) {
 //     auto r = namedax::pdot(x, w, namedax::axes(), {{1}, {0}}) - y;
@@ -31,22 +31,72 @@ namespace namedax {
 template <class... Xs>
 concept TracedOperands = ((Traced<Xs> || Operand<Xs>) && ...) && (Traced<Xs> || ...);
 
+/// `namedax::argnums<I...>`, an option of grad and value_and_grad (jax.grad's argnums): the
+/// positions of the arguments to differentiate, the others held constant. One position gives
+/// that argument's gradient; two or more give a std::tuple of gradients in their order.
+template <std::size_t... I>
+struct argnums_t {
+  static_assert(sizeof...(I) > 0, "namedax::argnums: name at least one argument position");
+};
+template <std::size_t... I>
+inline constexpr argnums_t<I...> argnums{};
+
+/// `namedax::has_aux`, an option of grad and value_and_grad (jax.grad's has_aux=True): the
+/// function returns a pair `(value, aux)`; only the value is differentiated, and aux (its
+/// traced leaves as plain values) is returned beside the gradient.
+struct has_aux_t {
+  explicit constexpr has_aux_t() = default;
+};
+inline constexpr has_aux_t has_aux{};
+
+/// An option of grad and value_and_grad.
+template <class O>
+concept GradOption = std::same_as<O, has_aux_t> || detail::ad::is_argnums<O>;
+
 /// `grad(f)(x, rest...)`: the gradient of the scalar `f(x, rest...)` in x (a pytree: the
 /// result has x's structure and types), the other arguments held constant (jax.grad with
 /// argnums=0). f's result must have positional shape []; where it varies along names, the
 /// gradient is that of its sum over them. Integer and bool leaves get zeros. First order only:
 /// `grad(grad(f))` (any traced argument) stops at a static_assert that says so, and a function
 /// that captures a traced value of an enclosing grad throws namedax::error.
-template <class F>
-auto grad(F f) {
-  return detail::ad::gradient<F, false>{std::move(f)};
+///
+/// Options, after f in any order, as jax.grad's keywords:
+///   grad(f, namedax::argnums<0, 2>)(a, b, c)   // std::tuple{d/da, d/dc}
+///   grad(f, namedax::has_aux)(x)                // f returns (loss, aux): std::pair{d/dx, aux}
+template <class F, GradOption... Options>
+auto grad(F f, Options...) {
+  return typename detail::ad::gradient_with<F, false, false, argnums_t<0>, Options...>::type{std::move(f)};
 }
 
 /// `value_and_grad(f)(x, rest...)`: `std::pair{f(x, rest...), grad(f)(x, rest...)}`,
-/// computing f once.
+/// computing f once. With namedax::has_aux, `std::pair{std::pair{value, aux}, gradient}`
+/// (jax.value_and_grad's `((value, aux), grads)`); namedax::argnums as for grad.
+template <class F, GradOption... Options>
+auto value_and_grad(F f, Options...) {
+  return typename detail::ad::gradient_with<F, true, false, argnums_t<0>, Options...>::type{std::move(f)};
+}
+
+/// `checkpoint(f)` (jax.checkpoint, also known as remat): computes what f computes, but
+/// under grad or vjp keeps only f's arguments and result, not the values in between: the
+/// backward pass runs f's forward again to get them. Trades compute for memory in a deep
+/// program (a transformer's blocks). The differentiated arguments are traced values
+/// themselves (not pytrees holding some), f returns one named value, and f must not capture
+/// a traced value (pass it as an argument). Each recomputation runs f's collectives again,
+/// on every device in the same order.
 template <class F>
-auto value_and_grad(F f) {
-  return detail::ad::gradient<F, true>{std::move(f)};
+auto checkpoint(F f) {
+  return detail::ad::checkpointed<F>{std::move(f)};
+}
+
+/// `jvp(f, std::tuple{primals...}, std::tuple{tangents...})`: `std::pair{f(primals...), J t}`,
+/// the derivative of f at the primals in the direction of the tangents (jax.jvp), each tangent
+/// of its primal's structure and shape. Outside maps, f returning one value (named, array or
+/// scalar). Computed by reverse mode: one pullback per element of f's result, so its cost
+/// grows with the result's size; a forward mode with rules of its own is to come.
+template <class F, class... Ps, class... Ts>
+auto jvp(F f, const std::tuple<Ps...>& primals, const std::tuple<Ts...>& tangents) {
+  static_assert(sizeof...(Ps) == sizeof...(Ts), "namedax::jvp: give one tangent per primal");
+  return detail::ad::jvp_by_pullbacks(f, primals, tangents);
 }
 
 /// The value without its record: no derivative flows through it (jax.lax.stop_gradient).

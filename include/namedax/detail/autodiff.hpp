@@ -38,6 +38,12 @@
 #include <utility>
 #include <vector>
 
+namespace namedax {
+template <std::size_t... I>
+struct argnums_t;
+struct has_aux_t;
+}  // namespace namedax
+
 namespace namedax::detail::ad {
 
 /// The value a named expression evaluates to: named<shared_array<T>, Env, Varying>.
@@ -489,15 +495,11 @@ constexpr bool has_traced_leaf() {
 template <bool Supported>
 inline constexpr bool higher_order_is_supported = Supported;
 
-/// vjp (and, through it, grad and value_and_grad, which name themselves as `verb`).
-template <class F, class... Xs>
-auto trace_function(std::string_view verb, const F& f, const Xs&... xs) {
-  const std::uint64_t first = node::upcoming_order();
-  // make_tuple, not std::tuple{...}: one argument that is itself a tuple must stay one argument.
-  auto inputs = std::make_tuple(tree_map(xs, [](const auto& leaf) { return trace_leaf(leaf); })...);
-  auto out = std::apply(f, inputs);
-  using Out = decltype(out);
-  auto pullback = [verb, first, inputs, out, originals = std::make_tuple(xs...)](const auto& ct) {
+/// The pullback of `out`, the result of a function that received the traced `inputs` for
+/// the arguments `originals` (their leaves traced from node order `first` on).
+template <class Inputs, class Out, class Originals>
+auto pullback_of(std::string_view verb, std::uint64_t first, Inputs inputs, Out out, Originals originals) {
+  return [verb, first, inputs = std::move(inputs), out = std::move(out), originals = std::move(originals)](const auto& ct) {
     using C = std::remove_cvref_t<decltype(ct)>;
     static_assert(leaf_count<C>() == leaf_count<Out>(),
                   "namedax::vjp: the cotangent must have the structure of the function's result");
@@ -525,10 +527,42 @@ auto trace_function(std::string_view verb, const F& f, const Xs&... xs) {
     return run_pullbacks(verb, outputs, first, [&] {
       return [&]<std::size_t... I>(std::index_sequence<I...>) {
         return std::make_tuple(gradients_of(std::get<I>(originals), std::get<I>(inputs))...);
-      }(std::index_sequence_for<Xs...>{});
+      }(std::make_index_sequence<std::tuple_size_v<Originals>>{});
     });
   };
-  return std::pair{primal_tree(out), std::move(pullback)};
+}
+
+/// A function's result split into what is differentiated and its auxiliary data (has_aux:
+/// the function returns `(value, aux)`), the aux as plain values.
+template <bool HasAux, class R>
+auto split_aux(R&& r) {
+  if constexpr (HasAux) {
+    using Result = std::remove_cvref_t<R>;
+    if constexpr (requires { std::tuple_size<Result>::value; }) {
+      static_assert(std::tuple_size_v<Result> == 2, "namedax::grad with namedax::has_aux: the function must return a "
+                                                    "pair (value, aux), as with jax.grad(has_aux=True)");
+      return std::pair{std::get<0>(std::forward<R>(r)), primal_tree(std::get<1>(std::forward<R>(r)))};
+    } else {
+      static_assert(always_false<Result>, "namedax::grad with namedax::has_aux: the function must return a pair "
+                                          "(value, aux), as with jax.grad(has_aux=True)");
+      return std::pair{std::forward<R>(r), 0};
+    }
+  } else {
+    return std::pair{std::forward<R>(r), std::monostate{}};
+  }
+}
+
+/// vjp (and, through it, grad, value_and_grad and checkpoint, which name themselves as
+/// `verb`): `{value, pullback, aux}`, the aux std::monostate unless HasAux.
+template <bool HasAux, class F, class... Xs>
+auto trace_function(std::string_view verb, const F& f, const Xs&... xs) {
+  const std::uint64_t first = node::upcoming_order();
+  // make_tuple, not std::tuple{...}: one argument that is itself a tuple must stay one argument.
+  auto inputs = std::make_tuple(tree_map(xs, [](const auto& leaf) { return trace_leaf(leaf); })...);
+  auto [out, aux] = split_aux<HasAux>(std::apply(f, inputs));
+  auto value = primal_tree(out);
+  return std::tuple{std::move(value), pullback_of(verb, first, std::move(inputs), std::move(out), std::make_tuple(xs...)),
+                    std::move(aux)};
 }
 
 template <class F, class... Xs>
@@ -541,7 +575,8 @@ auto vjp_of_function(const F& f, const Xs&... xs) {
     // Only the assertion above is reported: a result of the types a nested vjp would give.
     return std::pair{f(xs...), [xs...](const auto&) { return std::make_tuple(xs...); }};
   } else {
-    return trace_function("vjp", f, xs...);
+    auto [value, pullback, aux] = trace_function<false>("vjp", f, xs...);
+    return std::pair{std::move(value), std::move(pullback)};
   }
 }
 
@@ -561,35 +596,222 @@ auto ones_for(std::string_view verb, const Y& y) {
   }
 }
 
-/// grad and value_and_grad: differentiates `f` in its first argument, the others constant.
-template <class F, bool WithValue>
+template <class O>
+inline constexpr bool is_argnums = false;
+template <std::size_t... I>
+inline constexpr bool is_argnums<argnums_t<I...>> = true;
+
+/// Whether the positions I... are all different.
+template <std::size_t... I>
+constexpr bool distinct_positions() {
+  const std::size_t p[] = {I...};
+  for (std::size_t a = 0; a < sizeof...(I); ++a)
+    for (std::size_t b = a + 1; b < sizeof...(I); ++b)
+      if (p[a] == p[b]) return false;
+  return true;
+}
+
+/// Where argument P goes among the differentiated ones `I...`, or -1 where it is held constant.
+template <std::size_t P, std::size_t... I>
+constexpr int differentiated_position() {
+  int k = 0, found = -1;
+  ((found = (found < 0 && I == P) ? k : found, ++k), ...);
+  return found;
+}
+
+/// The arguments `all` with those at the positions `I...` replaced by `traced` (in order).
+template <std::size_t... I, class F, class All, class Traced>
+decltype(auto) call_substituted(const F& f, const All& all, const Traced& traced) {
+  return [&]<std::size_t... P>(std::index_sequence<P...>) -> decltype(auto) {
+    return f([&]() -> decltype(auto) {
+      constexpr int k = differentiated_position<P, I...>();
+      if constexpr (k >= 0) return std::get<k>(traced);
+      else return std::get<P>(all);
+    }()...);
+  }(std::make_index_sequence<std::tuple_size_v<All>>{});
+}
+
+/// grad and value_and_grad: differentiates `f` in the arguments at positions `I...`
+/// (argnums; the first alone by default), the others constant; with HasAux, f returns
+/// `(value, aux)` and aux is returned beside the gradient.
+template <class F, bool WithValue, bool HasAux, std::size_t... I>
 struct gradient {
   F f;
 
-  template <class X, class... Rest>
-  auto operator()(const X& x, const Rest&... rest) const {
-    constexpr bool nested = (has_traced_leaf<X>() || ... || has_traced_leaf<Rest>());
-    if constexpr (nested) {
+  template <class... Xs>
+  auto operator()(const Xs&... xs) const {
+    constexpr std::string_view verb = WithValue ? "value_and_grad" : "grad";
+    constexpr bool in_range = ((I < sizeof...(Xs)) && ...);
+    constexpr bool nested = (false || ... || has_traced_leaf<Xs>());
+    const auto all = std::forward_as_tuple(xs...);
+    if constexpr (!in_range) {
+      static_assert(in_range, "namedax::grad: argnums names an argument position past the arguments given");
+      return 0;  // only the assertion is reported
+    } else if constexpr (nested) {
       // Only the assertion is reported: a result of the types a nested derivative would give.
       if constexpr (WithValue) {
         static_assert(higher_order_is_supported<!nested>,
                       "namedax::value_and_grad: higher-order derivatives (value_and_grad inside grad) are not "
                       "supported yet; apply the inner one to namedax::stop_gradient of its traced arguments to hold "
                       "its result constant");
-        return std::pair{f(x, rest...), x};
       } else {
         static_assert(higher_order_is_supported<!nested>,
                       "namedax::grad: higher-order derivatives (grad of grad) are not supported yet; apply the inner "
                       "grad to namedax::stop_gradient of its traced arguments to hold its result constant");
-        return x;
       }
+      return std::get<0>(all);
     } else {
-      constexpr std::string_view verb = WithValue ? "value_and_grad" : "grad";
-      auto [y, pullback] = trace_function(verb, [&](const auto& t) { return f(t, rest...); }, x);
-      auto g = std::get<0>(pullback(ones_for(verb, y)));
-      if constexpr (WithValue) return std::pair{std::move(y), std::move(g)};
+      static_assert(distinct_positions<I...>(), "namedax::grad: argnums names an argument position twice");
+      auto [y, pullback, aux] = trace_function<HasAux>(
+          verb, [&](const auto&... t) { return call_substituted<I...>(f, all, std::forward_as_tuple(t...)); },
+          std::get<I>(all)...);
+      auto grads = pullback(ones_for(verb, y));
+      auto g = [&] {
+        if constexpr (sizeof...(I) == 1) return std::get<0>(std::move(grads));
+        else return std::move(grads);
+      }();
+      if constexpr (WithValue && HasAux) return std::pair{std::pair{std::move(y), std::move(aux)}, std::move(g)};
+      else if constexpr (WithValue) return std::pair{std::move(y), std::move(g)};
+      else if constexpr (HasAux) return std::pair{std::move(g), std::move(aux)};
       else return g;
     }
+  }
+};
+
+/// The options given to grad or value_and_grad, read into a gradient type.
+template <class F, bool WithValue, bool HasAux, class Argnums, class... Options>
+struct gradient_with;
+template <class F, bool WithValue, bool HasAux, std::size_t... I>
+struct gradient_with<F, WithValue, HasAux, argnums_t<I...>> {
+  using type = gradient<F, WithValue, HasAux, I...>;
+};
+template <class F, bool WithValue, bool HasAux, class Argnums, std::size_t... I, class... Options>
+struct gradient_with<F, WithValue, HasAux, Argnums, argnums_t<I...>, Options...>
+    : gradient_with<F, WithValue, HasAux, argnums_t<I...>, Options...> {};
+template <class F, bool WithValue, bool HasAux, class Argnums, class... Options>
+struct gradient_with<F, WithValue, HasAux, Argnums, has_aux_t, Options...>
+    : gradient_with<F, WithValue, true, Argnums, Options...> {};
+
+/// A leaf of a gradient or tangent as a flat array of its positional elements (outside any map).
+template <class L>
+auto flat_elements(const L& leaf) {
+  if constexpr (std::is_arithmetic_v<L>) return xt::xarray<double>(static_cast<double>(leaf));
+  else if constexpr (NamedValue<L>) return xt::xarray<double>(leaf.payload());
+  else return xt::xarray<double>(leaf);
+}
+
+/// sum over the leaves of <gradient leaf, tangent leaf>: one element of J t.
+template <class G, class T>
+double pair_leaves(const G& gradient, const T& tangent, std::size_t argument) {
+  const auto g_leaves = tree_leaves(gradient);
+  const auto t_leaves = tree_leaves(tangent);
+  static_assert(std::tuple_size_v<decltype(g_leaves)> == std::tuple_size_v<decltype(t_leaves)>,
+                "namedax::jvp: each tangent must have the structure of its primal");
+  double total = 0;
+  std::apply(
+      [&](const auto&... g) {
+        std::apply(
+            [&](const auto&... t) {
+              (
+                  [&] {
+                    const auto gs = flat_elements(g);
+                    const auto ts = flat_elements(t);
+                    if (!std::equal(gs.shape().begin(), gs.shape().end(), ts.shape().begin(), ts.shape().end()))
+                      fail("namedax::jvp: the tangent of argument ", argument, " has shape ", ts.shape(),
+                           " but its primal has shape ", gs.shape());
+                    for (std::size_t k = 0; k < gs.size(); ++k) total += gs.flat(k) * ts.flat(k);
+                  }(),
+                  ...);
+            },
+            t_leaves);
+      },
+      g_leaves);
+  return total;
+}
+
+/// jvp outside any map, as J t: one pullback per element of the result, each seeded with
+/// that element's unit cotangent.
+template <class F, class... Ps, class... Ts>
+auto jvp_by_pullbacks(const F& f, const std::tuple<Ps...>& primals, const std::tuple<Ts...>& tangents) {
+  auto [value, pullback] = std::apply([&](const auto&... p) { return vjp_of_function(f, p...); }, primals);
+  using Y = decltype(value);
+  auto element = [&, &pullback = pullback](const auto& cotangent) {
+    const auto grads = pullback(cotangent);
+    double total = 0;
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      ((total += pair_leaves(std::get<K>(grads), std::get<K>(tangents), K)), ...);
+    }(std::index_sequence_for<Ps...>{});
+    return total;
+  };
+  if constexpr (std::is_arithmetic_v<Y>) {
+    return std::pair{value, static_cast<Y>(element(Y{1}))};
+  } else {
+    static_assert(NamedValue<Y> && Y::env_type::size == 0,
+                  "namedax::jvp: the function must return one named value or array, and jvp works outside maps only "
+                  "for now (inside a map, use namedax::vjp)");
+    using T = typename Y::value_type;
+    const auto& payload = value.payload();
+    const std::vector<std::size_t> shape(payload.shape().begin(), payload.shape().end());
+    xt::xarray<T> unit = xt::zeros<T>(shape);
+    xt::xarray<T> tangent = xt::zeros<T>(shape);
+    for (std::size_t k = 0; k < unit.size(); ++k) {
+      unit.flat(k) = T{1};
+      tangent.flat(k) = static_cast<T>(element(unit));
+      unit.flat(k) = T{0};
+    }
+    return std::pair{value, Y(share_array(std::move(tangent)))};
+  }
+}
+
+/// A function whose forward pass is computed again in the backward pass instead of being
+/// recorded (namedax::checkpoint).
+template <class F>
+struct checkpointed {
+  F f;
+
+  template <class... Xs>
+  auto operator()(const Xs&... xs) const {
+    if constexpr (!(false || ... || has_traced_leaf<Xs>())) {
+      return f(xs...);
+    } else {
+      static_assert(((Traced<Xs> || !has_traced_leaf<Xs>()) && ...),
+                    "namedax::checkpoint: each differentiated argument must be a traced value itself, not a pytree "
+                    "holding some; pass the leaves as arguments of their own");
+      auto y = f(primal_of(xs)...);  // nothing is recorded: the operands are plain values
+      using Y = decltype(y);
+      static_assert(NamedValue<Y>,
+                    "namedax::checkpoint: the function must return one named value (a pytree result is not supported "
+                    "yet)");
+      auto kept = std::make_tuple(owned_operand(xs)...);
+      auto cells = std::make_tuple([](const auto& x) {
+        if constexpr (Traced<decltype(x)>) return x.cell();
+        else return std::monostate{};
+      }(xs)...);
+      std::vector<std::shared_ptr<node>> parents;
+      std::apply([&](const auto&... c) { (add_cell(parents, c), ...); }, cells);
+      using N = owned_t<Y>;
+      // The backward pass: the forward again, recorded this time, and its pullback at once.
+      auto propagate = [f = f, kept, cells](const N& ct) {
+        auto grads = std::apply(
+            [&](const auto&... operand) { return std::get<1>(trace_function<false>("checkpoint", f, operand...))(ct); },
+            kept);
+        [&]<std::size_t... K>(std::index_sequence<K...>) {
+          (
+              [&] {
+                if constexpr (Traced<std::tuple_element_t<K, std::tuple<Xs...>>>)
+                  std::get<K>(cells)->accumulate(std::get<K>(grads));
+              }(),
+              ...);
+        }(std::index_sequence_for<Xs...>{});
+      };
+      return traced<N>(std::make_shared<cell<N>>(namedax::eval(y), std::move(parents), std::move(propagate)));
+    }
+  }
+
+ private:
+  template <class C>
+  static void add_cell(std::vector<std::shared_ptr<node>>& parents, const C& c) {
+    if constexpr (!std::is_same_v<C, std::monostate>) parents.push_back(c);
   }
 };
 
