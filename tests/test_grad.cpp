@@ -15,6 +15,7 @@
 
 #include <xtensor/xadapt.hpp>
 #include <xtensor/xmath.hpp>
+#include <xtensor/xview.hpp>
 
 #include <atomic>
 #include <cmath>
@@ -560,7 +561,7 @@ TEST_SUITE("grad") {
               .find("namedax::value_and_grad") != std::string::npos);
   }
 
-  TEST_CASE("grad options argnums and has_aux, checkpoint, jvp: against the closed forms, vjp and every placement") {
+  TEST_CASE("grad options argnums and has_aux, checkpoint, grad outside the map, jvp: closed forms, vjp, every placement") {
     std::mt19937 rng(38);
     const xt::xarray<double> x = uniform(rng, {4, 3}, -1, 1);
     const xt::xarray<double> w = uniform(rng, {4, 3}, -1, 1);
@@ -644,6 +645,40 @@ TEST_SUITE("grad") {
     CHECK_BITWISE(rw, qw);
     check_exact("checkpoint in vmap: x", rx, px);
     check_exact("checkpoint in vmap: w", rw, pw);
+
+    // grad outside the map (JAX's training step): the map's pullback is the map of the
+    // function's pullback; a replicated argument's gradient summed over the axis.
+    const xt::xarray<double> v = uniform(rng, {3}, -1, 1);
+    auto per_example = [](const auto& p, const auto& row) { return namedax::square(namedax::sum(p * row)); };
+    auto through_vmap = [&](const auto& p) {
+      return namedax::sum(namedax::vmap<"i">(per_example, std::tuple{namedax::none, 0})(p, x));
+    };
+    auto through_pmap = [&](const auto& p) {
+      return namedax::sum(namedax::pmap<"i">(per_example, std::tuple{namedax::none, 0})(p, x));
+    };
+    auto inside = [&](const auto& p, const auto& row) {
+      return namedax::grad([&](const auto& q) { return namedax::psum(per_example(q, row), "i"_ax); })(p);
+    };
+    const xt::xarray<double> outside_v = namedax::grad(through_vmap)(v);
+    const xt::xarray<double> outside_p = namedax::grad(through_pmap)(v);
+    const xt::xarray<double> inside_v = namedax::vmap<"i">(inside, std::tuple{namedax::none, 0}, namedax::none)(v, x);
+    xt::xarray<double> closed_form = xt::zeros<double>({3});
+    for (std::size_t n = 0; n < 4; ++n) closed_form += 2 * xt::sum(v * xt::row(x, n))() * xt::row(x, n);
+    check_exact("grad outside vmap", outside_v, closed_form);
+    check_exact("grad outside vmap against inside", outside_v, inside_v);
+    CHECK_BITWISE(outside_v, outside_p);
+    // A mapped argument, a collective inside and an unstacked result (out_axes none).
+    auto summed = [](const auto& p, const auto& row) { return namedax::psum(namedax::sum(namedax::sin(row) * p), "i"_ax); };
+    auto over_rows = [&](const auto& rows) {
+      return namedax::vmap<"i">(summed, std::tuple{namedax::none, 0}, namedax::none)(v, rows);
+    };
+    auto over_devices = [&](const auto& rows) {
+      return namedax::pmap<"i">(summed, std::tuple{namedax::none, 0}, namedax::none)(v, rows);
+    };
+    const xt::xarray<double> rows_v = namedax::grad(over_rows)(x);
+    const xt::xarray<double> rows_p = namedax::grad(over_devices)(x);
+    check_exact("grad outside vmap: mapped argument", rows_v, xt::cos(x) * v);
+    CHECK_BITWISE(rows_v, rows_p);
 
     // jvp: the closed form, and <jvp(t), c> == <t, vjp(c)>.
     const xt::xarray<double> t = uniform(rng, {4, 3}, -1, 1);

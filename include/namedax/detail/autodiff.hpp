@@ -479,16 +479,6 @@ auto gradients_of(const X& x, const T& t) {
   return tree_unflatten<X>(grads);
 }
 
-/// Whether a pytree of type X has a traced leaf: an argument of a function that an enclosing
-/// grad or vjp is differentiating.
-template <class X>
-constexpr bool has_traced_leaf() {
-  using leaves = decltype(tree_leaves(std::declval<const X&>()));
-  return []<std::size_t... K>(std::index_sequence<K...>) {
-    return (false || ... || Traced<std::tuple_element_t<K, leaves>>);
-  }(std::make_index_sequence<std::tuple_size_v<leaves>>{});
-}
-
 /// The condition of the static_assert of a derivative of a derivative, given whether the
 /// arguments are traced: it prints as `higher_order_is_supported<false>`, not as the
 /// arguments' types.
@@ -567,7 +557,7 @@ auto trace_function(std::string_view verb, const F& f, const Xs&... xs) {
 
 template <class F, class... Xs>
 auto vjp_of_function(const F& f, const Xs&... xs) {
-  constexpr bool nested = (false || ... || has_traced_leaf<Xs>());
+  constexpr bool nested = (false || ... || has_traced_leaves<Xs>());
   if constexpr (nested) {
     static_assert(higher_order_is_supported<!nested>,
                   "namedax::vjp: higher-order derivatives (vjp inside grad or vjp, of traced values) are not supported "
@@ -642,7 +632,7 @@ struct gradient {
   auto operator()(const Xs&... xs) const {
     constexpr std::string_view verb = WithValue ? "value_and_grad" : "grad";
     constexpr bool in_range = ((I < sizeof...(Xs)) && ...);
-    constexpr bool nested = (false || ... || has_traced_leaf<Xs>());
+    constexpr bool nested = (false || ... || has_traced_leaves<Xs>());
     const auto all = std::forward_as_tuple(xs...);
     if constexpr (!in_range) {
       static_assert(in_range, "namedax::grad: argnums names an argument position past the arguments given");
@@ -763,6 +753,37 @@ auto jvp_by_pullbacks(const F& f, const std::tuple<Ps...>& primals, const std::t
   }
 }
 
+/// The traced result `value` of a call on the operands `xs` whose pullback computes the call
+/// again: `backward(ct, operands...)`, given the result's cotangent and the operands as the call was (traced ones as
+/// their primals), returns one cotangent per operand. The node
+/// keeps the operands, not what the call computed in between (checkpoint, a map's rule).
+template <class N, class Backward, class... Xs>
+traced<N> record_call(N value, Backward backward, const Xs&... xs) {
+  auto kept = std::make_tuple(owned_operand(xs)...);
+  auto cells = std::make_tuple([](const auto& x) {
+    if constexpr (Traced<decltype(x)>) return x.cell();
+    else return std::monostate{};
+  }(xs)...);
+  std::vector<std::shared_ptr<node>> parents;
+  auto add_parent = [&](const auto& x) {
+    if constexpr (Traced<decltype(x)>) parents.push_back(x.cell());
+  };
+  (add_parent(xs), ...);
+  auto propagate = [backward = std::move(backward), kept, cells](const N& ct) {
+    auto cotangents = std::apply([&](const auto&... operand) { return backward(ct, operand...); }, kept);
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (
+          [&] {
+            using X = std::tuple_element_t<K, std::tuple<Xs...>>;
+            if constexpr (Traced<X>)
+              std::get<K>(cells)->accumulate(as_cotangent<typename X::primal_type>(std::get<K>(cotangents)));
+          }(),
+          ...);
+    }(std::index_sequence_for<Xs...>{});
+  };
+  return traced<N>(std::make_shared<cell<N>>(std::move(value), std::move(parents), std::move(propagate)));
+}
+
 /// A function whose forward pass is computed again in the backward pass instead of being
 /// recorded (namedax::checkpoint).
 template <class F>
@@ -771,10 +792,10 @@ struct checkpointed {
 
   template <class... Xs>
   auto operator()(const Xs&... xs) const {
-    if constexpr (!(false || ... || has_traced_leaf<Xs>())) {
+    if constexpr (!(false || ... || has_traced_leaves<Xs>())) {
       return f(xs...);
     } else {
-      static_assert(((Traced<Xs> || !has_traced_leaf<Xs>()) && ...),
+      static_assert(((Traced<Xs> || !has_traced_leaves<Xs>()) && ...),
                     "namedax::checkpoint: each differentiated argument must be a traced value itself, not a pytree "
                     "holding some; pass the leaves as arguments of their own");
       auto y = f(primal_of(xs)...);  // nothing is recorded: the operands are plain values
@@ -782,36 +803,14 @@ struct checkpointed {
       static_assert(NamedValue<Y>,
                     "namedax::checkpoint: the function must return one named value (a pytree result is not supported "
                     "yet)");
-      auto kept = std::make_tuple(owned_operand(xs)...);
-      auto cells = std::make_tuple([](const auto& x) {
-        if constexpr (Traced<decltype(x)>) return x.cell();
-        else return std::monostate{};
-      }(xs)...);
-      std::vector<std::shared_ptr<node>> parents;
-      std::apply([&](const auto&... c) { (add_cell(parents, c), ...); }, cells);
-      using N = owned_t<Y>;
       // The backward pass: the forward again, recorded this time, and its pullback at once.
-      auto propagate = [f = f, kept, cells](const N& ct) {
-        auto grads = std::apply(
-            [&](const auto&... operand) { return std::get<1>(trace_function<false>("checkpoint", f, operand...))(ct); },
-            kept);
-        [&]<std::size_t... K>(std::index_sequence<K...>) {
-          (
-              [&] {
-                if constexpr (Traced<std::tuple_element_t<K, std::tuple<Xs...>>>)
-                  std::get<K>(cells)->accumulate(std::get<K>(grads));
-              }(),
-              ...);
-        }(std::index_sequence_for<Xs...>{});
-      };
-      return traced<N>(std::make_shared<cell<N>>(namedax::eval(y), std::move(parents), std::move(propagate)));
+      return record_call(
+          namedax::eval(y),
+          [f = f](const auto& ct, const auto&... operands) {
+            return std::get<1>(trace_function<false>("checkpoint", f, operands...))(ct);
+          },
+          xs...);
     }
-  }
-
- private:
-  template <class C>
-  static void add_cell(std::vector<std::shared_ptr<node>>& parents, const C& c) {
-    if constexpr (!std::is_same_v<C, std::monostate>) parents.push_back(c);
   }
 };
 
@@ -969,6 +968,54 @@ struct derivative<rule::pdot, Verb> {
           else return linear::pdot_rhs(a, axes, contract, batch).transpose_of(ct);
         },
         x, y);
+  }
+};
+
+/// vmap and pmap differentiated through (grad outside the map, JAX's training step): the
+/// forward map runs on the primals; its pullback is the map of the function's pullback, over
+/// the primals again and the result's cotangent (in_axes and out_axes swapped for the
+/// cotangents), each index running the function's forward again under vjp, as checkpoint
+/// does. The gradient of an unmapped argument comes back summed over the axis, by the
+/// pairing (a replicated value's cotangent is the sum of its uses).
+template <class Verb>
+struct derivative<rule::map, Verb> {
+  template <class Map, class... Xs>
+  static auto apply(const Map& map, const Xs&... xs) {
+    static_assert((true && ... && (leaf_count<Xs>() == 1)),
+                  "namedax::vmap/pmap differentiated through (grad outside the map): each argument must be one value, "
+                  "not a pytree, for now; pass the leaves as arguments of their own");
+    static_assert((true && ... && outside_every_map<Xs>()),
+                  "namedax::vmap/pmap differentiated through: only a map outside every other map, for now; call grad "
+                  "inside the outer map");
+    const auto entries = spread_prefix<std::tuple<Xs...>>(map.in_axes());
+    const auto& f = map.function();
+    auto y = map(ad::primal_of(xs)...);  // the forward, on plain values
+    using Y = decltype(y);
+    static_assert(PlainValue<Y>, "namedax::vmap/pmap differentiated through: the mapped function must return one "
+                                 "value (not a pytree), for now");
+    using T = typename Y::value_type;
+    using N = named<shared_array<T>, env<>, 0>;
+    // The map of the pullback: arguments (the primals, then the cotangent) mapped as the
+    // forward's arguments and result were; the cotangents stacked as the arguments were.
+    auto backward = map.remapped(
+        [f](const auto&... operands_and_ct) {
+          auto all = std::forward_as_tuple(operands_and_ct...);
+          return [&]<std::size_t... K>(std::index_sequence<K...>) {
+            auto [value, pullback] = ad::vjp_of_function(f, std::get<K>(all)...);
+            return pullback(std::get<sizeof...(Xs)>(all));
+          }(std::index_sequence_for<Xs...>{});
+        },
+        std::tuple_cat(entries, std::tuple{map.out_axes()}), entries);
+    return ad::record_call(
+        N(share_array(xt::xarray<T>(std::move(y)))),
+        [backward](const N& ct, const auto&... operands) { return backward(operands..., ct.payload()); }, xs...);
+  }
+
+ private:
+  template <class X>
+  static constexpr bool outside_every_map() {
+    if constexpr (Traced<X>) return X::env_type::size == 0;
+    else return true;
   }
 };
 

@@ -9,6 +9,7 @@
 #include <namedax/detail/devices.hpp>
 #include <namedax/detail/pytree.hpp>
 #include <namedax/detail/reduction.hpp>
+#include <namedax/detail/traced.hpp>
 #include <namedax/named_array.hpp>
 
 #include <xtensor/xshape.hpp>
@@ -604,8 +605,24 @@ class mapped_function {
 
   template <class... Args>
   auto operator()(const Args&... args) const {
-    return call_map<Binding>(verb_, f_, in_axes_, out_axes_, axis_size_, nullptr, args...);
+    if constexpr ((false || ... || has_traced_leaves<Args>())) {
+      // Differentiated through (grad outside the map): the map's own rule, in detail/autodiff.hpp.
+      using map_rule = typename dependent<std::tuple<Args...>, derivative<rule::map, void>>::type;
+      return map_rule::apply(*this, args...);
+    } else {
+      return call_map<Binding>(verb_, f_, in_axes_, out_axes_, axis_size_, nullptr, args...);
+    }
   }
+
+  /// The same map (axis, placement, axis_size) of another function, with other in_axes and
+  /// out_axes: the map of a pullback.
+  template <class G, class In, class Out>
+  auto remapped(G g, In in_axes, Out out_axes) const {
+    return mapped_function<Binding, G, In, Out>(verb_, std::move(g), std::move(in_axes), std::move(out_axes), axis_size_);
+  }
+  [[nodiscard]] const F& function() const { return f_; }
+  [[nodiscard]] const InAxes& in_axes() const { return in_axes_; }
+  [[nodiscard]] const OutAxes& out_axes() const { return out_axes_; }
 
   /// The map writing each result leaf into the matching array of `outputs` (one array, or a
   /// pytree of references such as std::tie(a, b)), resized only when its shape differs, so

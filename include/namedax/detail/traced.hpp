@@ -6,8 +6,12 @@
 #pragma once
 
 #include <namedax/concepts.hpp>
+#include <namedax/detail/pytree.hpp>
 
+#include <cstddef>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 namespace namedax {
 
@@ -19,6 +23,16 @@ template <class T>
 concept Traced = requires { typename std::remove_cvref_t<T>::traced_tag; };
 
 namespace detail {
+/// Whether a pytree of type X has a traced leaf: an argument of a function that an enclosing
+/// grad or vjp is differentiating.
+template <class X>
+constexpr bool has_traced_leaves() {
+  using leaves = decltype(tree_leaves(std::declval<const X&>()));
+  return []<std::size_t... K>(std::index_sequence<K...>) {
+    return (false || ... || Traced<std::tuple_element_t<K, leaves>>);
+  }(std::make_index_sequence<std::tuple_size_v<leaves>>{});
+}
+
 /// The condition of the static_assert of an operation with no derivative rule, given
 /// `!Traced<X>`: clang++ prints it as `has_derivative_rule<false>`, where `always_false<X>`
 /// would spell out the whole traced type on the first error line.
@@ -67,6 +81,7 @@ struct pdot;
 struct einsum;
 struct collective_matmul;
 struct structural;
+struct map;
 }  // namespace rule
 
 namespace ad {
