@@ -754,9 +754,9 @@ auto jvp_by_pullbacks(const F& f, const std::tuple<Ps...>& primals, const std::t
 }
 
 /// The traced result `value` of a call on the operands `xs` whose pullback computes the call
-/// again: `backward(ct, operands...)`, given the result's cotangent and the operands as the call was (traced ones as
-/// their primals), returns one cotangent per operand. The node
-/// keeps the operands, not what the call computed in between (checkpoint, a map's rule).
+/// again: `backward(ct, operands...)`, given the result's cotangent and the operands as the
+/// call was given them (traced ones as their primals), returns one cotangent per operand. The
+/// node keeps the operands, not what the call computed in between (checkpoint, a map's rule).
 template <class N, class Backward, class... Xs>
 traced<N> record_call(N value, Backward backward, const Xs&... xs) {
   auto kept = std::make_tuple(owned_operand(xs)...);
