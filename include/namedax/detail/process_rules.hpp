@@ -156,19 +156,20 @@ template <class T>
 std::optional<std::pair<xt::xarray<T>, xt::xarray<float>>> reduce_across_processes(
     std::string_view verb, const strided_block<T>& in, std::span<const named_axis> axes,
     const std::optional<groups_t>& groups, fold_kind fold, std::string_view options = "") {
-  xt::xarray<T> out;
-  bool made = false;  // `out`, for the agreement that carries the payload
+  // The output, made for the agreement that carries the payload. Not a default xt::xarray,
+  // which allocates its one element: a device collective, which returns below, allocates nothing.
+  std::optional<xt::xarray<T>> carried;
   auto at_once = [&](process_grid& grid, const collective_call& described, std::span<const std::string_view> names,
                      const process_call<T>& c) -> std::size_t {
     if (process_start_in_progress()) return 0;
-    out = uninitialized_array<T>(c.in.shape), made = true;
+    carried = uninitialized_array<T>(c.in.shape);
     return grid.agree_and_allreduce(described.signature, described.what, names, groups ? &*groups : nullptr,
-                                    c.in.data, out.data(), out.size(), element_kind_of<T>(), fold);
+                                    c.in.data, carried->data(), carried->size(), element_kind_of<T>(), fold);
   };
   auto call = whole_payloads<T>(verb, in, axes, groups, false, options, at_once);
   if (!call) return std::nullopt;
+  xt::xarray<T> out = carried ? std::move(*carried) : uninitialized_array<T>(call->in.shape);
   if (!call->exchanged_among) {
-    if (!made) out = uninitialized_array<T>(call->in.shape);
     exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
       return c.start_allreduce(in, o, out.size(), element_kind_of<T>(), fold);
     });
@@ -191,20 +192,21 @@ std::optional<xt::xarray<T>> all_gather_across_processes(std::string_view verb, 
     else insert_dim(shape, 0, g);
     return shape;
   };
-  xt::xarray<T> out;
+  std::optional<xt::xarray<T>> carried;  // as in reduce_across_processes
   auto at_once = [&](process_grid& grid, const collective_call& described, std::span<const std::string_view> names,
                      const process_call<T>& c) -> std::size_t {
     if (groups || process_start_in_progress()) return 0;
-    out = uninitialized_array<T>(gathered_shape(c.in.shape, member_count(axes)));
-    return grid.agree_and_allgather(described.signature, described.what, names, nullptr, c.in.data, out.data(),
+    carried = uninitialized_array<T>(gathered_shape(c.in.shape, member_count(axes)));
+    return grid.agree_and_allgather(described.signature, described.what, names, nullptr, c.in.data, carried->data(),
                                     element_count(c.in.shape) * sizeof(T));
   };
   auto call = whole_payloads<T>(verb, in, axes, groups, true, gather_options(axis, tiled), at_once);
   if (!call) return std::nullopt;
-  if (call->exchanged_among) return out;
+  if (call->exchanged_among) return std::move(*carried);
   const dims_t shape = gathered_shape(call->in.shape, call->channel->size());
-  if (!std::equal(shape.begin(), shape.end(), out.shape().begin(), out.shape().end()))
-    out = uninitialized_array<T>(shape);
+  xt::xarray<T> out = carried && std::equal(shape.begin(), shape.end(), carried->shape().begin(), carried->shape().end())
+                          ? std::move(*carried)
+                          : uninitialized_array<T>(shape);
   exchange_across_processes(*call, out, [&](process_channel& c, const T* in, T* o) {
     return c.start_allgather(in, o, element_count(call->in.shape) * sizeof(T));
   });
