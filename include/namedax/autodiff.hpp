@@ -225,6 +225,11 @@ NAMEDAX_TRACED_BINARY(fmod, ct * T(1), -ct * namedax::trunc(a / b))
 NAMEDAX_TRACED_BINARY(remainder, ct * T(1), -ct * namedax::rint(a / b))
 NAMEDAX_TRACED_BINARY(fdim, ct * namedax::cast<T>(a > b), -ct * namedax::cast<T>(a > b))
 NAMEDAX_TRACED_BINARY(hypot, ct * a / y, ct * b / y)
+/// lgamma: digamma(a); tgamma: y digamma(a) (digamma from detail/digamma.hpp).
+NAMEDAX_TRACED_UNARY(lgamma, ct * namedax::apply(::namedax::detail::digamma_fun{}, a))
+NAMEDAX_TRACED_UNARY(tgamma, ct * y * namedax::apply(::namedax::detail::digamma_fun{}, a))
+/// nan_to_num: ct where a is finite, 0 where it was NaN or infinite (as JAX).
+NAMEDAX_TRACED_UNARY(nan_to_num, namedax::where(namedax::isfinite(a), ct, T(0)))
 
 // Local reductions: `sum(x, dims, {.keepdims})` and the others take their dims as the
 // reductions of named values do (none, one, a braced list, a DimList).
@@ -265,6 +270,9 @@ NAMEDAX_TRACED_REDUCTION_BODY(max)
 NAMEDAX_TRACED_REDUCTION_BODY(min)
 /// `logsumexp`: the cotangent times softmax.
 NAMEDAX_TRACED_REDUCTION_BODY(logsumexp)
+/// `prod`: the cotangent times the product of the other elements over the reduced dims, by
+/// exclusive prefix and suffix products (no division: a zero gives the right answer, as JAX).
+NAMEDAX_TRACED_REDUCTION_BODY(prod)
 
 /// `softmax(x, dim)`: y (ct - sum(ct y)) along dim.
 template <Traced X, Dim D = int>
@@ -310,6 +318,26 @@ auto cumsum(const X& x) {
   const auto shape = x.shape();
   const int size = static_cast<int>(std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>()));
   return namedax::cumsum(namedax::reshape(x, {size}), 0);
+}
+
+/// `cumprod(x, dim)`: with E_i the exclusive running product of x along dim and
+/// S_i = ct_i + x_{i+1} S_{i+1} from the other end, the cotangent to x_i is E_i S_i (no
+/// division: zeros give the right answer).
+template <Traced X, Dim D>
+auto cumprod(const X& x, D dim) {
+  const int d = static_cast<int>(dim);
+  return detail::ad::elementwise([d](const auto& a) { return namedax::cumprod(a, d); },
+                                 [d](const auto& ct, auto, const auto&, const auto& a) {
+                                   return detail::ad::cumprod_pullback(ct, a, d);
+                                 },
+                                 x);
+}
+/// `cumprod(x)`: over the flattened positional dims.
+template <Traced X>
+auto cumprod(const X& x) {
+  const auto shape = x.shape();
+  const int size = static_cast<int>(std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>()));
+  return namedax::cumprod(namedax::reshape(x, {size}), 0);
 }
 
 /// `sort(x, dim)`: the elements in their sorted places, a gather by argsort; ties keep their
@@ -374,22 +402,6 @@ auto fma(A&& a, B&& b, C&& c) {
         else return namedax::eval(ct);
       },
       a, b, c);
-}
-
-/// Operations without a rule yet: the first error line says so.
-template <Traced X, class... Args>
-X prod(const X& x, const Args&...) {
-  static_assert(detail::has_derivative_rule<!Traced<X>>, "namedax::grad: prod has no derivative rule yet; write it as "
-                                                         "exp(sum(log(x))) for positive x, or apply it to "
-                                                         "namedax::stop_gradient(x)");
-  return x;  // only the assertion above is reported
-}
-template <Traced X, class... Args>
-X cumprod(const X& x, const Args&...) {
-  static_assert(detail::has_derivative_rule<!Traced<X>>, "namedax::grad: cumprod has no derivative rule yet; write it "
-                                                         "as exp(cumsum(log(x))) for positive x, or apply it to "
-                                                         "namedax::stop_gradient(x)");
-  return x;  // only the assertion above is reported
 }
 
 /// `pow<N>(x)`: N x^(N-1).

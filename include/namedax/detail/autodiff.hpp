@@ -11,6 +11,7 @@
 #pragma once
 
 #include <namedax/detail/compilation.hpp>
+#include <namedax/detail/digamma.hpp>
 #include <namedax/detail/traced.hpp>
 #include <namedax/elementwise.hpp>
 #include <namedax/reductions.hpp>
@@ -292,7 +293,109 @@ C with_positional_shape(const C& ct, const std::vector<std::size_t>& shape) {
 }
 
 /// The local reductions that are differentiated.
-enum class local_reduction { sum, mean, max, min, logsumexp };
+enum class local_reduction { sum, mean, max, min, logsumexp, prod };
+
+/// The lines of a row-major array along dim `d`: `f(first, count, stride)` for each, `first`
+/// the offset of its first element.
+template <class F>
+void for_each_line(const std::vector<std::size_t>& shape, std::size_t d, F f) {
+  const auto product = [&](std::size_t from, std::size_t to) {
+    return std::accumulate(shape.begin() + static_cast<std::ptrdiff_t>(from), shape.begin() + static_cast<std::ptrdiff_t>(to),
+                           std::size_t{1}, std::multiplies<>());
+  };
+  const std::size_t outer = product(0, d);
+  const std::size_t count = shape[d];
+  const std::size_t inner = product(d + 1, shape.size());
+  for (std::size_t o = 0; o < outer; ++o)
+    for (std::size_t i = 0; i < inner; ++i) f(o * count * inner + i, count, inner);
+}
+
+/// In place, along dim `d`: each element becomes the product of the other elements of its
+/// line, as the exclusive prefix product times the exclusive suffix product. No division, so
+/// a zero gives the right answer (the others' product where it is, zero elsewhere in its line).
+template <class T>
+void product_of_others(xt::xarray<T>& a, std::size_t d) {
+  const std::vector<std::size_t> shape(a.shape().begin(), a.shape().end());
+  T* data = a.data();
+  for_each_line(shape, d, [data](std::size_t first, std::size_t count, std::size_t stride) {
+    T suffix(1);  // the product of the elements after k, then the prefix is multiplied in
+    std::vector<T> line(count);
+    for (std::size_t k = count; k-- > 0;) {
+      line[k] = suffix;
+      suffix *= data[first + k * stride];
+    }
+    T prefix(1);
+    for (std::size_t k = 0; k < count; ++k) {
+      const T v = data[first + k * stride];
+      data[first + k * stride] = prefix * line[k];
+      prefix *= v;
+    }
+  });
+}
+
+/// At each element of x (a named value), the product of the other elements over the positional
+/// `dims` (every positional dim when none): prod's derivative, zero-safe. Over several dims
+/// d0 < d1 < ... it is the product, for each k, of the others along d_k of x's product over
+/// the dims after d_k (kept as size 1 and broadcast back).
+template <class N>
+N product_of_others(const N& x, const std::optional<std::vector<int>>& dims) {
+  using T = typename N::value_type;
+  const int rank = static_cast<int>(x.dimension());
+  std::vector<std::size_t> reduced;
+  if (dims)
+    for (int d : *dims) reduced.push_back(static_cast<std::size_t>(d < 0 ? d + rank : d));
+  else
+    for (int d = 0; d < rank; ++d) reduced.push_back(static_cast<std::size_t>(d));
+  std::sort(reduced.begin(), reduced.end());
+  xt::xarray<T> rest = evaluate(x.payload());
+  xt::xarray<T> result = xt::ones<T>(rest.shape());
+  for (std::size_t k = reduced.size(); k-- > 0;) {
+    xt::xarray<T> others = rest;
+    product_of_others(others, reduced[k]);
+    xt::xarray<T> multiplied = result * others;  // others has size 1 along the dims after d_k
+    result = std::move(multiplied);
+    if (k > 0) {
+      xt::xarray<T> p = xt::prod(rest, std::vector<std::size_t>{reduced[k]}, xt::keep_dims);
+      rest = std::move(p);
+    }
+  }
+  return N(share_array(std::move(result)));
+}
+
+/// cumprod's pullback along dim `d` of x (a named value), ct of x's shape. With E_i the
+/// exclusive prefix product of a line and S_i = ct_i + x_{i+1} S_{i+1} (S_{n-1} = ct_{n-1}),
+/// the contribution to x_i is E_i S_i: O(n) per line and no division, so zeros are exact.
+template <class C, class N>
+C cumprod_pullback(const C& ct, const N& x, int d) {
+  using T = typename C::value_type;
+  const int rank = static_cast<int>(x.dimension());
+  const auto dim = static_cast<std::size_t>(d < 0 ? d + rank : d);
+  xt::xarray<T> v = evaluate<T>(x.payload());
+  xt::xarray<T> c = evaluate(ct.payload());
+  if (!std::equal(v.shape().begin(), v.shape().end(), c.shape().begin(), c.shape().end())) {
+    xt::xarray<T> b = xt::broadcast(v, c.shape());  // x replicated where the cotangent varies
+    v = std::move(b);
+  }
+  const std::vector<std::size_t> shape(c.shape().begin(), c.shape().end());
+  const T* xs = v.data();
+  T* cs = c.data();
+  for_each_line(shape, dim, [xs, cs](std::size_t first, std::size_t count, std::size_t stride) {
+    if (count == 0) return;
+    T s = cs[first + (count - 1) * stride];  // S_{k}, from the end
+    std::vector<T> suffix(count);
+    suffix[count - 1] = s;
+    for (std::size_t k = count - 1; k-- > 0;) {
+      s = cs[first + k * stride] + xs[first + (k + 1) * stride] * s;
+      suffix[k] = s;
+    }
+    T prefix(1);
+    for (std::size_t k = 0; k < count; ++k) {
+      cs[first + k * stride] = prefix * suffix[k];
+      prefix *= xs[first + k * stride];
+    }
+  });
+  return C(share_array(std::move(c)));
+}
 
 /// A local reduction of a traced value over `dims` (every positional dim when none).
 /// `keep(v, dims)` computes it on a named value with keepdims, so that its result broadcasts
@@ -324,6 +427,8 @@ auto reduce(const X& x, std::optional<std::vector<int>> dims, bool keepdims, Kee
           return namedax::eval(c * (static_cast<T>(kept.payload().size()) / static_cast<T>(a.payload().size())));
         } else if constexpr (Kind == local_reduction::logsumexp) {
           return namedax::eval(c * namedax::exp(a - kept));
+        } else if constexpr (Kind == local_reduction::prod) {
+          return namedax::eval(c * product_of_others(a, dims));
         } else {
           // The maximum (minimum) takes the cotangent, shared equally among ties, as JAX.
           auto chosen = namedax::eval(namedax::cast<T>(a == kept));
