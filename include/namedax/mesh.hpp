@@ -134,9 +134,7 @@ constexpr auto P(Entries...) {
 ///   f(xt::xarray<float>{0, 1, 2, 3})  // {0, 1/6, 2/6, 3/6}
 template <class F, class Mesh, class InSpecs, class OutSpecs>
 auto shard_map(F f, const Mesh& m, InSpecs in_specs, OutSpecs out_specs) {
-  return [f = std::move(f), m, in_specs, out_specs](const auto&... args) {
-    return detail::call_shard_map(f, m, in_specs, out_specs, args...);
-  };
+  return detail::sharded_function<F, Mesh, InSpecs, OutSpecs>(std::move(f), m, std::move(in_specs), std::move(out_specs));
 }
 
 }  // namespace namedax

@@ -1076,28 +1076,29 @@ struct derivative<rule::pdot, Verb> {
   }
 };
 
-/// vmap and pmap differentiated through (grad outside the map, JAX's training step): the
-/// forward map runs on the primals; its pullback is the map of the function's pullback, over
-/// the primals again and the result's cotangent (in_axes and out_axes swapped for the
-/// cotangents), each index running the function's forward again under vjp, as checkpoint
-/// does. The gradient of an unmapped argument comes back summed over the axis, by the
+/// vmap, pmap and shard_map differentiated through (grad outside the map, JAX's training
+/// step): the forward map runs on the primals; its pullback is the map of the function's
+/// pullback, over the primals again and the result's cotangent (in_axes and out_axes, or
+/// in_specs and out_specs, swapped for the cotangents, as JAX's shard_map transpose does),
+/// each index running the function's forward again under vjp, as checkpoint does. The
+/// gradient of an unmapped (replicated) argument comes back summed over the axes, by the
 /// pairing (a replicated value's cotangent is the sum of its uses).
 template <class Verb>
 struct derivative<rule::map, Verb> {
   template <class Map, class... Xs>
   static auto apply(const Map& map, const Xs&... xs) {
     static_assert((true && ... && (leaf_count<Xs>() == 1)),
-                  "namedax::vmap/pmap differentiated through (grad outside the map): each argument must be one value, "
-                  "not a pytree, for now; pass the leaves as arguments of their own");
+                  "namedax::vmap/pmap/shard_map differentiated through (grad outside the map): each argument must be "
+                  "one value, not a pytree, for now; pass the leaves as arguments of their own");
     static_assert((true && ... && outside_every_map<Xs>()),
-                  "namedax::vmap/pmap differentiated through: only a map outside every other map, for now; call grad "
-                  "inside the outer map");
+                  "namedax::vmap/pmap/shard_map differentiated through: only a map outside every other map, for now; "
+                  "call grad inside the outer map");
     const auto entries = spread_prefix<std::tuple<Xs...>>(map.in_axes());
     const auto& f = map.function();
     auto y = map(ad::primal_of(xs)...);  // the forward, on plain values
     using Y = decltype(y);
-    static_assert(PlainValue<Y>, "namedax::vmap/pmap differentiated through: the mapped function must return one "
-                                 "value (not a pytree), for now");
+    static_assert(PlainValue<Y>, "namedax::vmap/pmap/shard_map differentiated through: the mapped function must "
+                                 "return one value (not a pytree), for now");
     using T = typename Y::value_type;
     using N = named<shared_array<T>, env<>, 0>;
     // The map of the pullback: arguments (the primals, then the cotangent) mapped as the

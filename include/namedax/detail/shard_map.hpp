@@ -291,11 +291,19 @@ auto nest_maps(const Mesh& m, Body body, const OutSpecs& out_specs) {
   }
 }
 
+/// Whether X is a value of an enclosing map. A named value of no map (a primal, when grad
+/// is taken outside shard_map) is plain data.
+template <class X>
+constexpr bool of_an_enclosing_map() {
+  if constexpr (NamedValue<X>) return X::env_type::size != 0;
+  else return DeferredValue<X>;
+}
+
 /// An argument leaf as the outermost map takes it: split by its spec, or a scalar as it is.
 template <class Spec, class MeshEnv, std::size_t Leaf, class X, class Held>
 auto split_leaf(const Held& held_leaf, std::span<const std::size_t> mesh_sizes, const std::string& argument) {
   check_spec<MeshEnv, Spec>();
-  static_assert(!NamedValue<X> && !DeferredValue<X>,
+  static_assert(!of_an_enclosing_map<X>(),
                 "namedax::shard_map: runs at the top level, on plain arrays; inside a map, nest maps instead");
   if constexpr (std::is_arithmetic_v<X>) {
     static_assert(Spec::rank == 0, "namedax::shard_map: a scalar argument cannot be split; give it the spec P()");
@@ -424,6 +432,42 @@ auto call_shard_map(const F& f, const Mesh& m, const InSpecs& in_specs, const Ou
   else if constexpr (misfit < sizeof...(Args)) return check_in_spec_fits_argument<misfit>();
   else return run_shard_map(f, m, in_specs, out_specs, args...);
 }
+
+/// shard_map as an object, as mapped_function is vmap's and pmap's: called, it maps the
+/// function over the mesh; called with traced arguments (grad outside shard_map), the maps'
+/// derivative rule records it, and its pullback is the same mesh's shard_map of the
+/// function's pullback (remapped, with the specs swapped for the cotangents).
+template <class F, class Mesh, class InSpecs, class OutSpecs>
+class sharded_function {
+ public:
+  sharded_function(F f, Mesh m, InSpecs in_specs, OutSpecs out_specs)
+      : f_(std::move(f)), mesh_(std::move(m)), in_specs_(std::move(in_specs)), out_specs_(std::move(out_specs)) {}
+
+  template <class... Args>
+  auto operator()(const Args&... args) const {
+    if constexpr ((false || ... || has_traced_leaves<Args>())) {
+      using map_rule = typename dependent<std::tuple<Args...>, derivative<rule::map, void>>::type;
+      return map_rule::apply(*this, args...);
+    } else {
+      return call_shard_map(f_, mesh_, in_specs_, out_specs_, args...);
+    }
+  }
+
+  /// The same mesh's shard_map of another function, with other specs.
+  template <class G, class In, class Out>
+  auto remapped(G g, In in_specs, Out out_specs) const {
+    return sharded_function<G, Mesh, In, Out>(std::move(g), mesh_, std::move(in_specs), std::move(out_specs));
+  }
+  [[nodiscard]] const F& function() const { return f_; }
+  [[nodiscard]] const InSpecs& in_axes() const { return in_specs_; }
+  [[nodiscard]] const OutSpecs& out_axes() const { return out_specs_; }
+
+ private:
+  F f_;
+  Mesh mesh_;
+  InSpecs in_specs_;
+  OutSpecs out_specs_;
+};
 
 }  // namespace detail
 }  // namespace namedax
