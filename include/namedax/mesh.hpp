@@ -132,6 +132,8 @@ constexpr auto P(Entries...) {
 ///   auto f = namedax::shard_map([](auto x) { return x / namedax::psum(x, "i"_ax); }, m,
 ///                               namedax::P("i"_ax), namedax::P("i"_ax));
 ///   f(xt::xarray<float>{0, 1, 2, 3})  // {0, 1/6, 2/6, 3/6}
+/// A function that calls shard_map can be differentiated (grad outside shard_map): the
+/// pullback is the same mesh's shard_map of the function's pullback.
 template <class F, class Mesh, class InSpecs, class OutSpecs>
 auto shard_map(F f, const Mesh& m, InSpecs in_specs, OutSpecs out_specs) {
   return detail::sharded_function<F, Mesh, InSpecs, OutSpecs>(std::move(f), m, std::move(in_specs), std::move(out_specs));
