@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
-// Data-parallel linear regression on a mesh: shard_map splits the samples over the mesh axis
-// "data"; each block differentiates the loss with namedax::grad, and the pmean in the loss
-// makes its gradient the average over all blocks. The same program runs on a mesh of 8
-// simulated devices and on a mesh of 8 vectorized indices, with identical losses.
+// Data-parallel linear regression on a mesh, as JAX's training step: the loss is written for
+// one block of samples and averaged over the blocks with pmean; shard_map splits the samples
+// over the mesh axis "data", and value_and_grad differentiates the function that calls
+// shard_map. The same program runs on a mesh of 8 simulated devices and on a mesh of 8
+// vectorized indices, with identical losses.
 #include <namedax/namedax.hpp>
 
 #include <xtensor/xadapt.hpp>
@@ -36,33 +37,32 @@ int main() {
     auto residual = namedax::pdot(X, w, namedax::axes(), {{1}, {0}}) - y;  // X w - y on this block
     return namedax::pmean(residual * residual, namedax::axes(0, "data"_ax));
   };
-  auto train = [&](auto X, auto y, auto w0) {
-    auto w = namedax::eval(w0);
+  // The weights whole on every block, rows of X and entries of y split over "data"; the loss
+  // is the same on every block (pmean), so the out spec P() returns it once.
+  const auto in_specs = std::tuple{namedax::P(), namedax::P("data"_ax), namedax::P("data"_ax)};
+  // JAX's training step: grad of a function that calls shard_map. The pullback is the mesh's
+  // shard_map of the loss's pullback, collectives included.
+  auto train = [&](const auto& mesh) {
+    auto sharded_loss = [&](const auto& w) { return namedax::shard_map(loss, mesh, in_specs, namedax::P())(w, X, y); };
+    xt::xarray<float> w = w0;
     std::vector<float> losses, differences;
     float scale = 0;  // the largest gradient so far, the first one: what float rounding is relative to
     for (int step = 0; step < steps; ++step) {
-      // The loss does not vary along "data", so it is one value in every placement; the
-      // gradient of w, which does not vary either, is the same on every block.
-      auto [value, gradient] = namedax::value_and_grad(loss)(w, X, y);
+      auto [value, gradient] = namedax::value_and_grad(sharded_loss)(w);
       losses.push_back(value.value());
-      // Check: the gradient by hand, 2 (X w - y) X averaged over the samples and the blocks.
-      auto residual = namedax::pdot(X, w, namedax::axes(), {{1}, {0}}) - y;
-      auto by_hand = namedax::pmean(2.f * namedax::expand_dims(residual, 1) * X, namedax::axes(0, "data"_ax));
-      scale = std::max(scale, namedax::max(namedax::abs(by_hand)).value());
-      differences.push_back(namedax::max(namedax::abs(gradient - by_hand)).value() / scale);
-      w = namedax::eval(w - learning_rate * gradient);
+      // Check: the gradient by hand, 2 X^T (X w - y) / samples.
+      xt::xarray<float> residual = xt::sum(X * w, {1}) - y;
+      xt::xarray<float> by_hand = 2.f * xt::sum(xt::view(residual, xt::all(), xt::newaxis()) * X, {0}) / float(samples);
+      scale = std::max(scale, xt::amax(xt::abs(by_hand))());
+      differences.push_back(xt::amax(xt::abs(gradient - by_hand))() / scale);
+      w = w - learning_rate * gradient;
     }
     return std::tuple{w, xt::xarray<float>(xt::adapt(losses)), xt::xarray<float>(xt::adapt(differences))};
   };
-  // Rows of X and entries of y split over "data", the weights whole on every block. The
-  // results are the same on every block (pmean), so out specs P() return them once.
-  const auto in_specs = std::tuple{namedax::P("data"_ax), namedax::P("data"_ax), namedax::P()};
-  const auto out_specs = std::tuple{namedax::P(), namedax::P(), namedax::P()};
   namedax::mesh threads{namedax::devices<"data">(8)};        // one host thread per block
   namedax::mesh vectorized{namedax::vectorized<"data">(8)};  // one tensor computation, "data" a dim
-  auto [w_threads, losses_threads, diff_threads] = namedax::shard_map(train, threads, in_specs, out_specs)(X, y, w0);
-  auto [w_vectorized, losses_vectorized, diff_vectorized] =
-      namedax::shard_map(train, vectorized, in_specs, out_specs)(X, y, w0);
+  auto [w_threads, losses_threads, diff_threads] = train(threads);
+  auto [w_vectorized, losses_vectorized, diff_vectorized] = train(vectorized);
 
   for (int step : {0, 1, 10, steps - 1})
     std::printf("step %3d  loss threads %.6f  vectorized %.6f\n", step, losses_threads(step), losses_vectorized(step));
