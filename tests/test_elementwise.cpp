@@ -604,3 +604,201 @@ TEST_SUITE("apply, printing and local") {
     CHECK(wrong == 0);
   }
 }
+
+namespace {
+
+/// One row of Python's division: a, b, a // b and a % b, written out by hand (-0.0 where
+/// Python's float result is -0.0; an integer type reads it as 0).
+using division_row = std::array<double, 4>;
+
+const std::vector<division_row> integer_division_rows{
+    {-7, 2, -4, 1}, {7, -2, -4, -1}, {-7, -2, 3, -1}, {7, 2, 3, 1},  {-1, 4, -1, 3}, {5, -3, -2, -1},
+    {-5, 3, -2, 1}, {0, -3, -0.0, -0.0}, {6, -3, -2, -0.0}, {-6, 4, -2, 2}, {2, 5, 0, 2},  {-2, 5, -1, 3}};
+const std::vector<division_row> float_division_rows{
+    {-5.5, 2, -3, 0.5}, {5.5, -2, -3, -0.5}, {-7.5, 2, -4, 0.5}, {7.5, 2, 3, 1.5}, {-0.0, 3, -0.0, 0}};
+
+/// floor_divide and mod of the rows' a and b mapped along "i", in vmap and pmap, against the
+/// rows' quotients and remainders, bit for bit (so the signs of zeros count).
+template <class T>
+void check_python_division(const std::vector<division_row>& rows) {
+  INFO("element type: ", namedax::detail::dtype_name<T>());
+  xt::xarray<T> a = xt::xarray<T>::from_shape({rows.size()}), b = a, q = a, r = a;
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    a(k) = static_cast<T>(rows[k][0]), b(k) = static_cast<T>(rows[k][1]);
+    q(k) = static_cast<T>(rows[k][2]), r(k) = static_cast<T>(rows[k][3]);
+  }
+  auto f = [](auto x, auto y) {
+    auto quotient = namedax::floor_divide(x, y);
+    auto remainder = namedax::mod(x, y);
+    static_assert(std::is_same_v<typename decltype(quotient)::value_type, T>);
+    static_assert(std::is_same_v<typename decltype(remainder)::value_type, T>);
+    return std::tuple{namedax::eval(quotient), namedax::eval(remainder)};
+  };
+  auto [vq, vr] = namedax::vmap<"i">(f)(a, b);
+  auto [pq, pr] = namedax::pmap<"i">(f)(a, b);
+  CHECK_BITWISE(vq, q);
+  CHECK_BITWISE(vr, r);
+  CHECK_BITWISE(pq, q);
+  CHECK_BITWISE(pr, r);
+}
+
+/// The minimum integer divided by -1 wraps to itself, remainder 0 (JAX), in both modes.
+template <class T>
+void check_minimum_by_minus_one() {
+  INFO("element type: ", namedax::detail::dtype_name<T>());
+  constexpr T low = std::numeric_limits<T>::min();
+  const xt::xarray<T> a{low, low, low};
+  const xt::xarray<T> b{-1, 2, -2};
+  const xt::xarray<T> q{low, static_cast<T>(low / 2), static_cast<T>(-(low / 2))};
+  const xt::xarray<T> r{0, 0, 0};
+  auto f = [](auto x, auto y) { return std::tuple{namedax::floor_divide(x, y), namedax::mod(x, y)}; };
+  for (const auto& [gq, gr] : {namedax::vmap<"i">(f)(a, b), namedax::pmap<"i">(f)(a, b)}) {
+    CHECK_BITWISE(gq, q);
+    CHECK_BITWISE(gr, r);
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("elementwise") {
+  TEST_CASE("mod and floor_divide are Python's % and //: int32, int64, float and double, vmap and pmap") {
+    check_python_division<std::int32_t>(integer_division_rows);
+    check_python_division<std::int64_t>(integer_division_rows);
+    std::vector<division_row> floats = integer_division_rows;
+    floats.insert(floats.end(), float_division_rows.begin(), float_division_rows.end());
+    check_python_division<float>(floats);
+    // 1 // 0.1 is 9 in Python (0.1 is a little more than a tenth), where floor(1 / 0.1) is 10.
+    floats.push_back({1.0, 0.1, 9.0, 0.09999999999999995});
+    check_python_division<double>(floats);
+    check_minimum_by_minus_one<std::int32_t>();
+    check_minimum_by_minus_one<std::int64_t>();
+  }
+
+  TEST_CASE("the worked values of mod's and floor_divide's doc comments") {
+    using i = xt::xarray<int>;
+    using d = xt::xarray<double>;
+    auto mod = [](auto x, auto y) { return namedax::mod(x, y); };
+    auto floor_divide = [](auto x, auto y) { return namedax::floor_divide(x, y); };
+    worked_value("(-1, 4) -> 3", per_pair(mod, i{-1}, i{4}), i{3});
+    worked_value("(5, -3) -> -1", per_pair(mod, i{5}, i{-3}), i{-1});
+    worked_value("(-5.5, 2.) -> 0.5", per_pair(mod, d{-5.5}, d{2.}), d{0.5});
+    worked_value("(-7, 2) -> -4", per_pair(floor_divide, i{-7}, i{2}), i{-4});
+    worked_value("(7, -2) -> -4", per_pair(floor_divide, i{7}, i{-2}), i{-4});
+    worked_value("(-7.5, 2.) -> -4", per_pair(floor_divide, d{-7.5}, d{2.}), d{-4.});
+  }
+
+  TEST_CASE("mod and floor_divide by a float zero give IEEE's values; by an integer zero, an error") {
+    const xt::xarray<double> a{1., -1., 0.}, zero{0., 0., 0.};
+    auto f = [](auto x, auto y) { return std::tuple{namedax::floor_divide(x, y), namedax::mod(x, y)}; };
+    for (const auto& [q, r] : {namedax::vmap<"i">(f)(a, zero), namedax::pmap<"i">(f)(a, zero)}) {
+      CHECK(q(0) == std::numeric_limits<double>::infinity());
+      CHECK(q(1) == -std::numeric_limits<double>::infinity());
+      CHECK(std::isnan(q(2)));
+      CHECK(xt::all(xt::isnan(r)));
+    }
+    const xt::xarray<std::int32_t> n{5, -5, 7}, d{2, 0, 3};
+    const xt::xarray<std::int64_t> n64{5, -5, 7}, d64{2, 0, 3};
+    auto mod = [](auto x, auto y) { return namedax::mod(x, y); };
+    auto floor_divide = [](auto x, auto y) { return namedax::floor_divide(x, y); };
+    const std::string mod_message = "namedax::mod: integer division by zero (int32); make the divisor nonzero first, "
+                                    "e.g. namedax::where(b == 0, 1, b)";
+    const std::string divide_message = "namedax::floor_divide: integer division by zero (int64); make the divisor "
+                                       "nonzero first, e.g. namedax::where(b == 0, 1, b)";
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(mod)(n, d); }) == mod_message);
+    CHECK(namedax_test::error_of([&] { namedax::pmap<"i">(mod)(n, d); }).find(mod_message) != std::string::npos);
+    CHECK(namedax_test::error_of([&] { namedax::vmap<"i">(floor_divide)(n64, d64); }) == divide_message);
+    CHECK(namedax_test::error_of([&] { namedax::pmap<"i">(floor_divide)(n64, d64); }).find(divide_message) !=
+          std::string::npos);
+    // Masked first, as the message says: no error.
+    auto masked = [](auto x, auto y) { return namedax::mod(x, namedax::where(y == 0, 1, y)); };
+    CHECK_BITWISE(namedax::vmap<"i">(masked)(n, d), (xt::xarray<std::int32_t>{1, 0, 1}));
+  }
+
+  TEST_CASE("mod and floor_divide with scalars, plain arrays, names and axis_index, in every map") {
+    const xt::xarray<std::int32_t> x{-1, 0, 5, -5};
+    const xt::xarray<std::int64_t> y{2, -2, 3, -3};
+    auto f = [](auto x, auto y) {
+      auto by_four = namedax::mod(x, 4);  // int32 and int: int32
+      auto seven = namedax::floor_divide(-7, y);  // int and int64: int64
+      static_assert(std::is_same_v<typename decltype(by_four)::value_type, std::int32_t>);
+      static_assert(std::is_same_v<typename decltype(seven)::value_type, std::int64_t>);
+      return std::tuple{namedax::eval(by_four), namedax::eval(namedax::mod(-7, y)), namedax::eval(seven),
+                        namedax::eval(namedax::mod(x, xt::xarray<std::int32_t>{3, -3})),  // broadcasts: (4, 2)
+                        namedax::mod(namedax::axis_index("i"_ax) - 1, 4),                 // waits for the map
+                        namedax::eval(x * 0 + namedax::floor_divide(namedax::axis_index("i"_ax) - 2, 3))};
+    };
+    const xt::xarray<std::int32_t> by_four{3, 0, 1, 3}, mod_seven{1, -1, 2, -1};
+    const xt::xarray<std::int64_t> seven{-4, 3, -3, 2};
+    const xt::xarray<std::int32_t> by_row{{2, -1}, {0, 0}, {2, -1}, {1, -2}};
+    const xt::xarray<std::int32_t> before{3, 0, 1, 2}, thirds{-1, -1, 0, 0};
+    for (const auto& [a, b, c, e, g, h] : {namedax::vmap<"i">(f)(x, y), namedax::pmap<"i">(f)(x, y)}) {
+      CHECK_BITWISE(a, by_four);
+      CHECK_BITWISE(b, (xt::xarray<std::int64_t>(mod_seven)));
+      CHECK_BITWISE(c, seven);
+      CHECK_BITWISE(e, by_row);
+      CHECK_BITWISE(g, before);
+      CHECK_BITWISE(h, thirds);
+    }
+    // shard_map, on devices and vectorized: the index before, cyclically (JAX's (i - 1) % 4).
+    auto previous = [](auto v) { return namedax::eval(v * 0 + namedax::mod(namedax::axis_index("i"_ax) - 1, 4)); };
+    const xt::xarray<std::int32_t> zeros = xt::zeros<std::int32_t>({4});
+    namedax::mesh on_devices{namedax::devices<"i">(4)};
+    namedax::mesh vectorized{namedax::vectorized<"i">(4)};
+    CHECK_BITWISE(namedax::shard_map(previous, on_devices, namedax::P("i"_ax), namedax::P("i"_ax))(zeros), before);
+    CHECK_BITWISE(namedax::shard_map(previous, vectorized, namedax::P("i"_ax), namedax::P("i"_ax))(zeros), before);
+    // Floats, a varying along "i" and b along "j": the outer combination mod(a[i], b[j]).
+    const xt::xarray<float> a{-5.5f, 5.5f, 7.5f}, b{2.f, -2.f};
+    const xt::xarray<float> outer{{0.5f, -1.5f}, {1.5f, -0.5f}, {1.5f, -0.5f}};
+    auto inner = [&b](auto ai) {
+      auto mod = [](auto p, auto q) { return namedax::mod(p, q); };
+      return namedax::vmap<"j">(mod, std::tuple{namedax::none, 0})(ai, b);
+    };
+    CHECK_BITWISE(namedax::vmap<"i">(inner)(a), outer);
+    CHECK_BITWISE(namedax::pmap<"i">(inner)(a), outer);
+  }
+
+  TEST_CASE("zeros_like and full_like keep the names, the element type and what varies") {
+    const xt::xarray<float> x{{1.f, 2.f}, {3.f, 4.f}, {5.f, 6.f}};
+    const xt::xarray<std::int32_t> n{{1, -2}, {3, 4}, {-5, 6}};
+    auto f = [](auto x, auto n) {
+      auto zeros = namedax::zeros_like(x);
+      auto halves = namedax::full_like(x, 0.5);  // float, from a double
+      auto twos = namedax::full_like(n, 2.9);    // int32: 2, as static_cast
+      auto total = namedax::zeros_like(namedax::psum(x, "i"_ax));
+      static_assert(std::is_same_v<typename decltype(zeros)::value_type, float>);
+      static_assert(std::is_same_v<typename decltype(twos)::value_type, std::int32_t>);
+      static_assert(decltype(zeros)::varying != 0 && decltype(twos)::varying != 0);
+      static_assert(decltype(total)::varying == 0);  // psum's is the same along "i": so are its zeros
+      (void)total;
+      auto acc = namedax::zeros_like(x);  // owns its data: a loop carry
+      for (int k = 0; k < 3; ++k) acc += x;
+      return std::tuple{zeros, halves, twos, acc, namedax::full_like(namedax::axis_index("i"_ax), 7)};
+    };
+    const xt::xarray<float> zeros = xt::zeros<float>({3, 2}), halves = xt::xarray<float>(xt::full_like(x, 0.5f));
+    const xt::xarray<std::int32_t> twos = xt::xarray<std::int32_t>(xt::full_like(n, 2)), sevens{7, 7, 7};
+    const xt::xarray<float> thrice = x * 3.f;
+    for (const auto& [z, h, t, acc, s] : {namedax::vmap<"i">(f)(x, n), namedax::pmap<"i">(f)(x, n)}) {
+      CHECK_BITWISE(z, zeros);
+      CHECK_BITWISE(h, halves);
+      CHECK_BITWISE(t, twos);
+      CHECK_BITWISE(acc, thrice);
+      CHECK_BITWISE(s, sevens);
+    }
+    // Two names: varying along "i" only, as x, under vmap of vmap and pmap of vmap.
+    const xt::xarray<int> two = xt::zeros<int>({2});
+    auto g = [&two](auto x) { return namedax::vmap<"j">([x](auto) { return namedax::full_like(x, -1.f); })(two); };
+    const xt::xarray<float> minus_ones = xt::xarray<float>(xt::full_like(xt::xarray<float>::from_shape({3, 2, 2}), -1.f));
+    CHECK_BITWISE(namedax::vmap<"i">(g)(x), minus_ones);
+    CHECK_BITWISE(namedax::pmap<"i">(g)(x), minus_ones);
+    // Plain values: an xt::xarray of the element type, a scalar of the scalar's type.
+    auto plain = namedax::zeros_like(xt::xarray<double>{{1., 2.}});
+    static_assert(std::is_same_v<decltype(plain), xt::xarray<double>>);
+    CHECK_BITWISE(plain, (xt::xarray<double>{{0., 0.}}));
+    auto filled = namedax::full_like(xt::xarray<std::int64_t>{1, 2, 3}, -2.5);
+    static_assert(std::is_same_v<decltype(filled), xt::xarray<std::int64_t>>);
+    CHECK_BITWISE(filled, (xt::xarray<std::int64_t>{-2, -2, -2}));
+    static_assert(std::is_same_v<decltype(namedax::full_like(3.5f, 2)), float>);
+    CHECK(namedax::full_like(3.5f, 2) == 2.f);
+    CHECK(namedax::zeros_like(7) == 0);
+  }
+}

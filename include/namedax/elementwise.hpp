@@ -74,8 +74,22 @@ NAMEDAX_XT_BINARY(fmin)
 /// `fmod(x, 3.f)`: remainder with the sign of `x` (C's fmod, jnp.fmod); {-5.f, 5.f} -> {-2.f, 2.f}.
 NAMEDAX_XT_BINARY(fmod)
 /// `remainder(x, y)`: IEEE remainder, x - n y with n the nearest integer (not jnp.remainder,
-/// which has the sign of `y`: use `x - y * floor(x / y)` for that).
+/// which has the sign of `y`: that is namedax::mod).
 NAMEDAX_XT_BINARY(remainder)
+/// `mod(x, y)`: Python's and JAX's `x % y` (jnp.mod, jnp.remainder), the remainder with the sign
+/// of `y`, for integers and floats; C++'s `%` truncates instead. (-1, 4) -> 3, (5, -3) -> -1,
+/// (-5.5, 2.) -> 0.5. The index before this one, cyclically, JAX's `(axis_index("i") - 1) % n`:
+/// `mod(axis_index("i"_ax) - 1, n)`. An integer divisor of zero is a namedax::error when the
+/// value is evaluated (JAX gives unspecified values); a float one gives NaN.
+NAMEDAX_ELEMENTWISE_BINARY(mod, ::namedax::detail::apply_xfunction(::namedax::detail::mod_fun{}, NAMEDAX_FWD(a),
+                                                                   NAMEDAX_FWD(b)))
+/// `floor_divide(x, y)`: Python's and JAX's `x // y` (jnp.floor_divide), the quotient rounded
+/// toward -inf, for integers and floats, so that x == floor_divide(x, y) * y + mod(x, y); C++'s
+/// `/` on integers truncates instead. (-7, 2) -> -4, (7, -2) -> -4, (-7.5, 2.) -> -4.
+/// The minimum integer divided by -1 wraps to itself (as JAX). An integer divisor of zero is a
+/// namedax::error when the value is evaluated; a float one gives x / 0 (+-inf, NaN for 0 / 0).
+NAMEDAX_ELEMENTWISE_BINARY(floor_divide, ::namedax::detail::apply_xfunction(::namedax::detail::floor_divide_fun{},
+                                                                            NAMEDAX_FWD(a), NAMEDAX_FWD(b)))
 /// `fdim(x, y)`: max(x - y, 0).
 NAMEDAX_XT_BINARY(fdim)
 /// `clip(x, lo, hi)`: x limited to [lo, hi], as jnp.clip (hi where lo > hi); `lo` and `hi`
@@ -207,6 +221,24 @@ auto isclose(L&& l, R&& r, double rtol = 1e-05, double atol = 1e-08, bool equal_
 /// `where(condition, a, b)`: elementwise choice, broadcasting by name;
 /// `where(x > 0.f, x, 0.f)` is a ReLU.
 NAMEDAX_XT_TERNARY(where)
+
+/// `zeros_like(x)`: zeros of x's shape and element type (jnp.zeros_like). A named value keeps
+/// x's names and the names it varies along, and owns its data, so it starts a loop carry:
+/// `auto acc = namedax::zeros_like(x); for (...) acc += x;`. A plain xtensor value gives an
+/// xt::xarray, a scalar a scalar, an axis_index value one waiting for its environment.
+template <class X>
+  requires Operand<X>
+auto zeros_like(const X& x) {
+  return detail::filled_like(x, 0);
+}
+/// `full_like(x, value)`: `value`, converted to x's element type (as static_cast does), in the
+/// shape of x, keeping its names as zeros_like does (jnp.full_like without a dtype):
+/// `full_like(x, 2.5)` of an int32 value holds 2.
+template <class X, class V>
+  requires(Operand<X> && std::is_arithmetic_v<V>)
+auto full_like(const X& x, V value) {
+  return detail::filled_like(x, value);
+}
 
 /// `cast<float>(x)`: converts the element type, as static_cast does.
 template <class T, class X>

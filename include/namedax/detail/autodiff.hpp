@@ -513,15 +513,15 @@ auto zeros_like(const L& x) {
 template <class L, class T>
 auto gradient_leaf(const L& x, const T& t) {
   if constexpr (!Traced<T>) {
-    return zeros_like(x);
+    return ad::zeros_like(x);
   } else {
     const auto& ct = t.cell()->cotangent;
     if constexpr (NamedValue<L>) {
-      return ct ? *ct : zeros_like(x);
+      return ct ? *ct : ad::zeros_like(x);
     } else if constexpr (std::is_arithmetic_v<L>) {
       return ct ? static_cast<L>(*ct->payload().cbegin()) : L{};
     } else {
-      return ct ? xt::xarray<typename L::value_type>(ct->payload()) : zeros_like(x);
+      return ct ? xt::xarray<typename L::value_type>(ct->payload()) : ad::zeros_like(x);
     }
   }
 }

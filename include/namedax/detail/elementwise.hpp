@@ -99,6 +99,84 @@ struct sigmoid_fun {
   }
 };
 
+/// Python's floor division and modulo (jnp.floor_divide, jnp.mod), in the type C++'s arithmetic
+/// conversions give the operands (as xtensor's `/` and `%`). C++'s `/` and `%` truncate toward
+/// zero: a nonzero remainder whose sign differs from the divisor's moves by one divisor, and
+/// the quotient by one. Integers: a zero divisor throws (C++ leaves it undefined); the minimum
+/// divided by -1 wraps to the minimum, as in JAX and NumPy, with remainder 0. Floats follow
+/// NumPy's divmod, the quotient computed from the remainder so that a == q * b + r as nearly as
+/// rounding allows (1. // 0.1 is 9, as in Python); a zero divisor gives a / b (+-inf, NaN for
+/// 0 / 0) and remainder NaN, as IEEE division.
+template <class R>
+[[noreturn]] void integer_division_by_zero(std::string_view verb) {
+  fail("namedax::", verb, ": integer division by zero (", dtype_name<R>(),
+       "); make the divisor nonzero first, e.g. namedax::where(b == 0, 1, b)");
+}
+
+template <class R>
+R float_mod(R a, R b) {
+  R m = std::fmod(a, b);
+  if (m != R(0)) {
+    if ((b < R(0)) != (m < R(0))) m += b;
+  } else {
+    m = std::copysign(R(0), b);
+  }
+  return m;
+}
+
+template <class R>
+R float_floor_divide(R a, R b) {
+  if (b == R(0)) return a / b;
+  const R m = std::fmod(a, b);
+  R q = (a - m) / b;
+  if (m != R(0) && (b < R(0)) != (m < R(0))) q -= R(1);
+  if (q == R(0)) return std::copysign(R(0), a / b);
+  R floored = std::floor(q);
+  if (q - floored > R(0.5)) floored += R(1);  // q is an integer up to rounding: the nearest one
+  return floored;
+}
+
+struct floor_divide_fun {
+  template <class T, class U>
+  auto operator()(T x, U y) const {
+    using R = decltype(x + y);
+    const R a = static_cast<R>(x), b = static_cast<R>(y);
+    if constexpr (std::is_floating_point_v<R>) {
+      return float_floor_divide(a, b);
+    } else {
+      if (b == R(0)) integer_division_by_zero<R>("floor_divide");
+      if constexpr (std::is_signed_v<R>) {
+        using W = std::make_unsigned_t<R>;
+        if (b == R(-1)) return static_cast<R>(W(0) - static_cast<W>(a));  // wraps for the minimum
+        const R q = a / b;
+        return (a % b != R(0) && (a < R(0)) != (b < R(0))) ? static_cast<R>(q - R(1)) : q;
+      } else {
+        return static_cast<R>(a / b);
+      }
+    }
+  }
+};
+
+struct mod_fun {
+  template <class T, class U>
+  auto operator()(T x, U y) const {
+    using R = decltype(x + y);
+    const R a = static_cast<R>(x), b = static_cast<R>(y);
+    if constexpr (std::is_floating_point_v<R>) {
+      return float_mod(a, b);
+    } else {
+      if (b == R(0)) integer_division_by_zero<R>("mod");
+      if constexpr (std::is_signed_v<R>) {
+        if (b == R(-1)) return R(0);  // the minimum % -1 would overflow
+        const R r = a % b;
+        return (r != R(0) && (r < R(0)) != (b < R(0))) ? static_cast<R>(r + b) : r;
+      } else {
+        return static_cast<R>(a % b);
+      }
+    }
+  }
+};
+
 // Named so that a failing static_assert prints the callable and the element types.
 template <class F, class... T>
 inline constexpr bool callable_on_elements = std::is_invocable_v<const F&, const T&...>;
@@ -122,6 +200,29 @@ auto apply_elementwise(F f, const Xs&... xs) {
         return apply_xfunction(f, NAMEDAX_FWD(p)...);
       },
       xs...);
+}
+
+/// zeros_like and full_like: `value`, converted to x's element type, everywhere x has an
+/// element. A named value's array has the payload's shape, so the result varies along the names
+/// x varies along and owns its data (it can be rebound); a value waiting for its environment
+/// gives one that waits too.
+template <class X, class V>
+auto filled_like(const X& x, V value) {
+  if constexpr (DeferredValue<X>) {
+    return when_resolved([value](const auto& y) { return filled_like(y, value); }, x);
+  } else if constexpr (NamedValue<X>) {
+    using T = typename X::value_type;
+    auto a = uninitialized_array<T>(x.payload().shape());
+    a.fill(static_cast<T>(value));
+    return make_named<shared_array<T>, typename X::env_type, X::varying>(share_array(std::move(a)));
+  } else if constexpr (std::is_arithmetic_v<X>) {
+    return static_cast<X>(value);
+  } else {
+    using T = typename X::value_type;
+    auto a = uninitialized_array<T>(x.shape());
+    a.fill(static_cast<T>(value));
+    return a;
+  }
 }
 
 /// The value of `x` on this device (or, under vmap, the one value it has at every index), with
