@@ -1065,6 +1065,71 @@ TEST_SUITE("JAX's current names") {
       CHECK_BITWISE(s, (xt::xarray<float>{40.f, 40.f, 40.f, 40.f}));
     }
   }
+  TEST_CASE("pvary of a plain array or scalar: the value at every index, varying, under vmap, pmap and shard_map") {
+    const xt::xarray<float> x{{1.f, 2.f, 3.f}, {4.f, 5.f, 6.f}, {7.f, 8.f, 9.f}, {10.f, 11.f, 12.f}};
+    auto f = [](auto x) {
+      // The loop carry that starts from a constant (JAX: acc = pvary(jnp.zeros(3), 'i')).
+      auto acc = namedax::pvary(xt::zeros<float>({3}), "i"_ax);
+      static_assert(namedax::DeferredValue<decltype(acc)>);  // it waits for the map's environment
+      auto carry = namedax::eval(acc + x);
+      static_assert(varies_along<decltype(carry)>("i"_ax));
+      for (int k = 0; k < 2; ++k) carry += x;
+      auto ones = namedax::zeros_like(x);
+      ones = namedax::pvary(xt::xarray<float>{1.f, 1.f, 1.f}, "i"_ax);  // a named variable takes it
+      ones += x;
+      const auto row = namedax::pvary(xt::xarray<float>{0.5f, -1.f, 2.f}, "i"_ax);
+      return std::tuple{row, carry, ones, namedax::psum(namedax::pvary(2, "i"_ax), "i"_ax),
+                        namedax::psum(row, "i"_ax), namedax::pcast(3.f, "i"_ax, namedax::pcast_to::varying)};
+    };
+    const xt::xarray<float> rows{{0.5f, -1.f, 2.f}, {0.5f, -1.f, 2.f}, {0.5f, -1.f, 2.f}, {0.5f, -1.f, 2.f}};
+    const xt::xarray<float> sums{{2.f, -4.f, 8.f}, {2.f, -4.f, 8.f}, {2.f, -4.f, 8.f}, {2.f, -4.f, 8.f}};
+    const xt::xarray<float> thrice = x * 3.f, plus_one = x + 1.f;
+    for (const auto& [r, carry, ones, eights, s, threes] : {namedax::vmap<"i">(f)(x), namedax::pmap<"i">(f)(x)}) {
+      CHECK_BITWISE(r, rows);
+      CHECK_BITWISE(carry, thrice);
+      CHECK_BITWISE(ones, plus_one);
+      CHECK_BITWISE(eights, (xt::xarray<int>{8, 8, 8, 8}));
+      CHECK_BITWISE(s, sums);
+      CHECK_BITWISE(threes, (xt::xarray<float>{3.f, 3.f, 3.f, 3.f}));
+    }
+    // Inside pmap of vmap, along both names and along the inner one.
+    auto g = [](auto x) {
+      auto both = namedax::pvary(xt::xarray<float>{1.f, 2.f, 3.f}, namedax::axes("i"_ax, "j"_ax));
+      auto inner = namedax::pvary(10.f, "j"_ax);
+      return std::tuple{namedax::eval(both + x), namedax::psum(both, namedax::axes("i"_ax, "j"_ax)),
+                        namedax::psum(inner, "j"_ax)};
+    };
+    xt::xarray<float> x2 = x;
+    x2.reshape({2, 2, 3});
+    const xt::xarray<float> twelve{{{12.f, 24.f, 36.f}, {12.f, 24.f, 36.f}}, {{12.f, 24.f, 36.f}, {12.f, 24.f, 36.f}}};
+    for (const auto& [added, total, twenty] : {namedax::pmap<"i">(namedax::vmap<"j">(g))(x2),
+                                               namedax::vmap<"i">(namedax::vmap<"j">(g))(x2)}) {
+      CHECK_BITWISE(added, (xt::xarray<float>(x2 + xt::xarray<float>{1.f, 2.f, 3.f})));
+      CHECK_BITWISE(total, (xt::xarray<float>(twelve / 3.f * xt::xarray<float>{1.f, 1.f, 1.f})));
+      CHECK_BITWISE(twenty, (xt::xarray<float>{{20.f, 20.f}, {20.f, 20.f}}));
+    }
+    // shard_map, on devices and on a mixed mesh: each block plus the constant row.
+    auto h = [](auto block) {
+      return namedax::eval(namedax::pvary(xt::xarray<float>{1.f, 2.f, 3.f}, namedax::axes("i"_ax, "j"_ax)) + block);
+    };
+    const xt::xarray<float> expected = x + xt::xarray<float>{1.f, 2.f, 3.f};
+    namedax::mesh devices{namedax::devices<"i">(2), namedax::devices<"j">(2)};
+    namedax::mesh mixed{namedax::devices<"i">(2), namedax::vectorized<"j">(2)};
+    const auto spec = namedax::P(namedax::axes("i"_ax, "j"_ax));
+    CHECK_BITWISE(namedax::shard_map(h, devices, spec, spec)(x), expected);
+    CHECK_BITWISE(namedax::shard_map(h, mixed, spec, spec)(x), expected);
+    // Outside a map that binds the axis: the error of a collective on a plain value.
+    CHECK(error_of([] { (void)namedax::pvary(xt::xarray<float>{1.f}, "i"_ax); }) ==
+          "namedax::pvary: axis 'i' is not bound by an enclosing vmap or pmap; wrap the function in "
+          "namedax::vmap<\"i\"> or namedax::pmap<\"i\">");
+    // Within a map of another axis (combined with its values, it would not compile: the type
+    // says which name it awaits).
+    CHECK(error_of([&] { namedax::vmap<"j">([](auto v) { (void)namedax::pvary(1.f, "i"_ax); return v; })(x); }) ==
+          "namedax::pvary: axis 'i' is not bound by an enclosing vmap or pmap; wrap the function in "
+          "namedax::vmap<\"i\"> or namedax::pmap<\"i\">");
+    CHECK(error_of([&] { namedax::pmap<"j">([](auto v) { (void)namedax::pcast(1.f, "i"_ax, namedax::pcast_to::varying); return v; })(x); })
+              .find("namedax::pcast: axis 'i' is not bound by an enclosing vmap or pmap") != std::string::npos);
+  }
   TEST_CASE("axis_size and axis_index over a std::tuple of names equal the axes(...) form") {
     xt::xarray<float> zeros = xt::zeros<float>({4, 2});
     auto f = [](auto x) {

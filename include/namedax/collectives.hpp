@@ -241,6 +241,10 @@ inline constexpr axis_size_fn axis_size{};
 /// holds what it held. A value that is the same along "i" (a psum, an unmapped argument)
 /// becomes one typed as varying along "i": `pvary(psum(x, "i"_ax), "i"_ax)`. It is the
 /// transpose of psum of a varying value, and psum is its transpose (see docs/adjoints.md).
+/// A plain xtensor value or scalar, as JAX's `pvary(jnp.zeros(3), 'i')`, gives that value at
+/// every index, varying along the axes: `auto acc = pvary(xt::zeros<float>({3}), "i"_ax);`.
+/// Like an axis_index value, it waits for the environment of the named values it meets (or
+/// of the map that returns it); the axes must be bound by an enclosing map.
 struct pvary_fn : detail::pvary_verb<pvary_fn> {
   static constexpr std::string_view name = "pvary";
 };

@@ -218,13 +218,33 @@ auto axis_index_value(const axis_list<P, Names...>&) {
 /// pvary on one leaf: the same payload, its type now varying along `Names` too. A vectorized
 /// axis the value did not vary along keeps its size-1 dimension: every rule reads such a
 /// dimension with stride 0, so each index sees the same data, which is what pvary means.
+/// pvary of a plain value (JAX's pvary takes any value, as a loop carry that starts from a
+/// constant): x on every index of the names, varying along them. Its type cannot know where
+/// the enclosing maps place the names, so, as axis_index's, it waits for its environment: a
+/// table of x with a size-1 dim per name, marked varying. Each name must be bound now.
+template <class Verb, class X, class... Names>
+auto pvary_plain(const X& x, type_list<Names...>) {
+  (bound_frame(Verb::name, Names::name), ...);
+  using T = value_type_of_t<X>;
+  std::vector<std::size_t> shape;
+  if constexpr (!std::is_arithmetic_v<X>) shape.assign(x.shape().begin(), x.shape().end());
+  shape.resize(shape.size() + sizeof...(Names), 1);
+  xt::xarray<T> table;
+  if constexpr (std::is_arithmetic_v<X>) table = uninitialized_array<T>(shape), table.fill(x);
+  else table = evaluate<T>(x), table.reshape(shape);
+  constexpr axis_mask every_name = (axis_mask{1} << sizeof...(Names)) - 1;
+  return deferred<T, every_name, Names...>(share_array(std::move(table)));
+}
+
 template <class Verb, class X, class... Names>
 auto pvary_leaf(const X& x, type_list<Names...> names) {
   if constexpr (DeferredValue<X>) {
     return defer_with(x, names, [names](const auto& resolved) { return pvary_leaf<Verb>(resolved, names); });
+  } else if constexpr (PlainValue<X>) {
+    return pvary_plain<Verb>(x, names);
   } else {
-    static_assert(NamedValue<X>, "namedax::pvary: takes a mapped value (an argument of the function given to vmap "
-                                 "or pmap, or a value computed from one)");
+    static_assert(NamedValue<X>, "namedax::pvary: takes named values (an argument of the function given to vmap "
+                                 "or pmap, or a value computed from one), xtensor expressions or scalars");
     using Env = typename X::env_type;
     require_bound<Verb, Env, Names...>();
     return make_named<typename X::payload_type, Env, X::varying | Env::template mask_of<Names...>()>(x.payload());
