@@ -3,7 +3,9 @@
 // central finite differences of the same function evaluated on plain named values (float64,
 // step 1e-6), in vmap, pmap, nested maps and a mesh, vmap and pmap agreeing bit for bit; the
 // variance semantics (replicated parameters, psum of a loss, varying results), ties of
-// pmax/pmin and of the local extremes, constants (pargmax, integers, bools, stop_gradient),
+// pmax/pmin and of the local extremes, prod and cumprod at zeros (exact, against naive loops),
+// digamma at known values (lgamma's and tgamma's derivatives), nan_to_num at NaN and the
+// infinities, constants (pargmax, integers, bools, stop_gradient),
 // grad outside any map, pytrees, value_and_grad, vjp, the options argnums and has_aux,
 // checkpoint (the same gradient, the forward run again), jvp (the closed form and the
 // dot-product identity with vjp), the error of a non-scalar result and
@@ -19,6 +21,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -143,7 +146,7 @@ void check_nested(const F& f, int op, std::mt19937& rng) {
 // The families. Inputs: x in [0.2, 0.8] (inside every domain, away from the kinks used),
 // c in [0.5, 1.5].
 
-constexpr int local_rules = 72;
+constexpr int local_rules = 78;
 
 /// Elementwise functions, arithmetic, where, cast and the local reductions.
 const auto local_family = [](const auto& x, const auto& c, int op) {
@@ -222,6 +225,12 @@ const auto local_family = [](const auto& x, const auto& c, int op) {
     case 69: return finish(s, namedax::sum(x, {0, 1}));
     case 70: return finish(s, x * namedax::sum(x, 0));
     case 71: return finish(s, namedax::min(x, 1, {.keepdims = true}) * x);
+    case 72: return finish(s, namedax::prod(x, 1));
+    case 73: return finish(s, namedax::prod(namedax::eval(x + 0.5)));
+    case 74: return finish(s, namedax::prod(x, 0, {.keepdims = true}) * c);
+    case 75: return finish(s, namedax::lgamma(x));
+    case 76: return finish(s, namedax::tgamma(x));
+    case 77: return finish(s, namedax::nan_to_num(x) * c);
     default: throw std::logic_error("no such rule");
   }
 };
@@ -267,7 +276,7 @@ const auto collective_family = [](const auto& x, const auto& c, int op) {
   }
 };
 
-constexpr int structural_rules = 42;
+constexpr int structural_rules = 45;
 
 /// Structural ops, xeinsum, scans and sorts, clip, fma, rounding, the collective matmuls and the
 /// grouped extremes, x of positional shape (4, 3) under "i" of size 4.
@@ -319,6 +328,9 @@ const auto structural_family = [](const auto& x, const auto& c, int op) {
     case 40: return finish(s, namedax::pow<2>(namedax::eval(x * c)));
     // Bounds from x, lo > hi where x > 0: the value is hi there, and so is the cotangent.
     case 41: return finish(s, namedax::clip(c, x, namedax::eval(x * 0.5)));
+    case 42: return finish(s, namedax::cumprod(namedax::eval(x + 0.5), 1));
+    case 43: return finish(s, namedax::cumprod(namedax::eval(x + 0.5)) * namedax::reshape(c, {12}));
+    case 44: return finish(s, namedax::cumprod(x, 0) * c);
     default: throw std::logic_error("no such rule");
   }
 };
@@ -332,6 +344,33 @@ void check_exact(const std::string& what, const xt::xarray<double>& got, const x
 /// The per-index loss (w . x_i)^2, a varying scalar, and its psum over "i", invariant.
 const auto squared_dot = [](const auto& w, const auto& x) { return namedax::square(namedax::sum(w * x)); };
 const auto psum_of_squared_dot = [](const auto& w, const auto& x) { return namedax::psum(squared_dot(w, x), "i"_ax); };
+
+/// Naive gradients of sum(w * prod(line)) and sum(w * cumprod(line)) for each row of a matrix,
+/// w a weight per row (prod) or per element (cumprod): the products of the other elements,
+/// by direct loops over them.
+xt::xarray<double> naive_prod_gradient(const xt::xarray<double>& x, const xt::xarray<double>& w) {
+  xt::xarray<double> g = xt::zeros<double>(x.shape());
+  for (std::size_t r = 0; r < x.shape()[0]; ++r)
+    for (std::size_t i = 0; i < x.shape()[1]; ++i) {
+      double others = w(r);
+      for (std::size_t k = 0; k < x.shape()[1]; ++k)
+        if (k != i) others *= x(r, k);
+      g(r, i) = others;
+    }
+  return g;
+}
+xt::xarray<double> naive_cumprod_gradient(const xt::xarray<double>& x, const xt::xarray<double>& w) {
+  xt::xarray<double> g = xt::zeros<double>(x.shape());
+  for (std::size_t r = 0; r < x.shape()[0]; ++r)
+    for (std::size_t i = 0; i < x.shape()[1]; ++i)
+      for (std::size_t j = i; j < x.shape()[1]; ++j) {
+        double term = w(r, j);
+        for (std::size_t k = 0; k <= j; ++k)
+          if (k != i) term *= x(r, k);
+        g(r, i) += term;
+      }
+  return g;
+}
 
 template <class F>
 auto grad_of(const F& f) {
@@ -445,6 +484,127 @@ TEST_SUITE("grad") {
     const xt::xarray<double> minimum =
         namedax::grad([](const auto& v, const auto& o) { return namedax::sum(namedax::minimum(o, v)); })(a, other);
     CHECK(minimum == xt::xarray<double>{0.5, 0.0, 1.0});
+  }
+
+  TEST_CASE("grad of prod and cumprod with zeros: exact, outside any map, in vmap and pmap, double and float") {
+    // prod of {2, 0, 3}: {0, 6, 0}; two zeros: all zeros (no division by x).
+    auto whole = [](const auto& v) { return namedax::prod(v); };
+    const xt::xarray<double> one_zero{2.0, 0.0, 3.0}, one_zero_grad{0.0, 6.0, 0.0};
+    const xt::xarray<double> two_zeros{2.0, 0.0, 0.0, 3.0}, two_zeros_grad{0.0, 0.0, 0.0, 0.0};
+    const xt::xarray<float> one_zero_f{2.f, 0.f, 3.f}, one_zero_grad_f{0.f, 6.f, 0.f};
+    CHECK_BITWISE(namedax::grad(whole)(one_zero), one_zero_grad);
+    CHECK_BITWISE(namedax::grad(whole)(two_zeros), two_zeros_grad);
+    CHECK_BITWISE(namedax::grad(whole)(one_zero_f), one_zero_grad_f);
+    // Over two dims (every dim, and the list {0, 1}): one zero gets the product of the others.
+    const xt::xarray<double> m{{1.0, 2.0, 3.0}, {4.0, 0.0, 6.0}};
+    const xt::xarray<double> m_expected{{0.0, 0.0, 0.0}, {0.0, 144.0, 0.0}};
+    CHECK_BITWISE(namedax::grad(whole)(m), m_expected);
+    CHECK_BITWISE(namedax::grad([](const auto& v) { return namedax::prod(v, {1, 0}); })(m), m_expected);
+    // Rows with no zero, one and two, weighted per row (prod) or per element (cumprod), each
+    // against a naive loop over the other elements; the same in vmap and pmap, bit for bit.
+    const xt::xarray<double> x{{2.0, 0.5, 3.0, 1.5}, {2.0, 0.0, 3.0, 5.0}, {0.0, 1.5, 0.0, 2.0}};
+    const xt::xarray<double> w{{0.5, 1.5, -1.0, 2.0}, {1.0, 0.25, 2.0, -0.5}, {1.5, -2.0, 0.75, 1.0}};
+    const xt::xarray<double> row_weight = xt::view(w, xt::all(), 0);
+    const xt::xarray<double> expected = naive_prod_gradient(x, row_weight) + naive_cumprod_gradient(x, w);
+    auto loss = [](const auto& v, const auto& u, const auto& r) {
+      return namedax::sum(namedax::prod(v, 1) * r) + namedax::sum(namedax::cumprod(v, -1) * u);
+    };
+    check_exact("outside any map", namedax::grad(loss)(x, w, row_weight), expected);
+    // A zero row first: cumprod {2, 0, 3, 5} weighted by ones has gradient {1, 38, 0, 0}.
+    const xt::xarray<double> line_of_four{2.0, 0.0, 3.0, 5.0}, line_of_four_grad{1.0, 38.0, 0.0, 0.0};
+    CHECK_BITWISE(namedax::grad([](const auto& v) { return namedax::sum(namedax::cumprod(v, 0)); })(line_of_four),
+                  line_of_four_grad);
+    auto per_row = [](const auto& v, const auto& u, const auto& r) {
+      return namedax::grad([](const auto& t, const auto& k, const auto& q) {
+        return namedax::prod(t) * q + namedax::sum(namedax::cumprod(t, 0) * k);
+      })(v, u, r);
+    };
+    const xt::xarray<double> gv = namedax::vmap<"i">(per_row)(x, w, row_weight);
+    const xt::xarray<double> gp = namedax::pmap<"i">(per_row)(x, w, row_weight);
+    check_exact("vmap<i>", gv, expected);
+    CHECK_BITWISE(gv, gp);
+    const xt::xarray<float> xf = xt::cast<float>(x);
+    const xt::xarray<float> wf = xt::cast<float>(w);
+    const xt::xarray<float> rf = xt::cast<float>(row_weight);
+    const xt::xarray<float> gf = namedax::pmap<"i">(per_row)(xf, wf, rf);
+    CHECK_BITWISE(namedax::vmap<"i">(per_row)(xf, wf, rf), gf);
+    CHECK(relative_error(xt::cast<double>(gf), expected) < 1e-6);
+    // A replicated operand inside vmap: the gradient summed over the three indices.
+    auto replicated = [](const auto& v, const auto& u) {
+      return namedax::grad([](const auto& t, const auto& k) { return namedax::sum(namedax::cumprod(t, 0) * k); })(v, u);
+    };
+    const xt::xarray<double> line = xt::view(x, 1);
+    const xt::xarray<double> gr = namedax::vmap<"i">(replicated, std::tuple{namedax::none, 0}, namedax::none)(line, w);
+    xt::xarray<double> summed = xt::zeros<double>({4});
+    for (std::size_t r = 0; r < 3; ++r) {
+      const xt::xarray<double> one_line = xt::view(x, xt::range(1, 2));
+      const xt::xarray<double> one_weight = xt::view(w, xt::range(r, r + 1));
+      summed += xt::view(naive_cumprod_gradient(one_line, one_weight), 0);
+    }
+    check_exact("replicated in vmap<i>", gr, summed);
+    CHECK_BITWISE(namedax::pmap<"i">(replicated, std::tuple{namedax::none, 0}, namedax::none)(line, w), gr);
+    // Central differences through a zero: the products are linear in each element.
+    auto plain = [&](const xt::xarray<double>& at) {
+      return xt::sum(xt::prod(at, {1}) * row_weight)() + xt::sum(xt::cumprod(at, 1) * w)();
+    };
+    check_close("finite differences at zeros", namedax::grad(loss)(x, w, row_weight), finite_difference(plain, x));
+  }
+
+  TEST_CASE("grad of lgamma and tgamma: digamma at known values, negative arguments, every placement") {
+    // psi at known points (DLMF 5.4.12, 5.4.13 and tables), to 1e-14.
+    const std::vector<std::pair<double, double>> known{{1.0, -0.5772156649015329},
+                                                        {0.5, -1.9635100260214235},
+                                                        {10.0, 2.251752589066721},
+                                                        {-0.5, 0.03648997397857652},
+                                                        {2.0, 0.42278433509846713},
+                                                        {-2.5, 1.1031566406452432}};
+    for (const auto& [at, psi] : known) {
+      INFO("psi(", at, ")");
+      CHECK(std::abs(namedax::detail::digamma(at) - psi) < 1e-14 * std::max(1.0, std::abs(psi)));
+    }
+    CHECK(std::isnan(namedax::detail::digamma(0.0)));
+    CHECK(std::isnan(namedax::detail::digamma(-3.0)));
+    // d lgamma / dx = psi(x); d tgamma / dx = tgamma(x) psi(x), at positive and negative x.
+    const xt::xarray<double> x{1.0, 0.5, 10.0, -0.5, 2.0, -2.5};
+    xt::xarray<double> psi = xt::zeros<double>({6});
+    for (std::size_t k = 0; k < 6; ++k) psi(k) = known[k].second;
+    auto gammas = [](const auto& v) { return namedax::sum(namedax::lgamma(v)) + namedax::sum(namedax::tgamma(v) * 0.5); };
+    const xt::xarray<double> expected = psi + 0.5 * xt::tgamma(x) * psi;
+    check_exact("outside any map", namedax::grad(gammas)(x), expected);
+    auto plain = [&](const xt::xarray<double>& at) { return xt::sum(xt::lgamma(at) + 0.5 * xt::tgamma(at))(); };
+    check_close("finite differences", namedax::grad(gammas)(x), finite_difference(plain, x));
+    // In vmap and pmap (x as 2 x 3), bit for bit; float too.
+    auto mapped = [&](const auto& v) { return namedax::grad(gammas)(v); };
+    xt::xarray<double> x2 = x;
+    x2.reshape({2, 3});
+    const xt::xarray<double> gv = namedax::vmap<"i">(mapped)(x2);
+    CHECK_BITWISE(gv, namedax::pmap<"i">(mapped)(x2));
+    xt::xarray<double> flat = gv;
+    flat.reshape({6});
+    check_exact("vmap<i>", flat, expected);
+    const xt::xarray<float> xf = xt::cast<float>(x2);
+    const xt::xarray<float> gf = namedax::vmap<"i">(mapped)(xf);
+    CHECK_BITWISE(gf, namedax::pmap<"i">(mapped)(xf));
+    xt::xarray<double> flat_f = xt::cast<double>(gf);
+    flat_f.reshape({6});
+    CHECK(relative_error(flat_f, expected) < 1e-5);
+  }
+
+  TEST_CASE("grad of nan_to_num: the cotangent where x is finite, zero at NaN and the infinities, every placement") {
+    const double inf = std::numeric_limits<double>::infinity();
+    const xt::xarray<double> x{{1.5, std::nan(""), inf}, {-inf, -2.0, 0.0}};
+    const xt::xarray<double> w{{0.5, 1.5, -1.0}, {2.0, 0.25, 3.0}};
+    const xt::xarray<double> expected{{0.5, 0.0, 0.0}, {0.0, 0.25, 3.0}};
+    auto loss = [](const auto& v, const auto& u) { return namedax::sum(namedax::nan_to_num(v) * u); };
+    CHECK_BITWISE(namedax::grad(loss)(x, w), expected);
+    auto mapped = [&](const auto& v, const auto& u) { return namedax::grad(loss)(v, u); };
+    CHECK_BITWISE(namedax::vmap<"i">(mapped)(x, w), expected);
+    CHECK_BITWISE(namedax::pmap<"i">(mapped)(x, w), expected);
+    const xt::xarray<float> xf = xt::cast<float>(x);
+    const xt::xarray<float> wf = xt::cast<float>(w);
+    const xt::xarray<float> expected_f = xt::cast<float>(expected);
+    CHECK_BITWISE(namedax::vmap<"i">(mapped)(xf, wf), expected_f);
+    CHECK_BITWISE(namedax::pmap<"i">(mapped)(xf, wf), expected_f);
   }
 
   TEST_CASE("grad: stop_gradient, integer and bool arguments, a result that does not depend on x") {
@@ -797,5 +957,21 @@ TEST_SUITE("grad") {
     const xt::xarray<double> g = namedax::shard_map(body, m, in_specs, namedax::P())(w, x);
     const xt::xarray<double> expected = 0.5 * xt::sum(xt::cos(w * x) * x, {0});
     check_exact("mesh", g, expected);
+  }
+
+  TEST_CASE("grad of mod and floor_divide: 1 and -floor_divide(a, b) for mod, zero for floor_divide, vmap and pmap") {
+    // Rows mapped along "i", mixed signs: floor_divide(a, b) is {{1, -2}, {-3, -1}}.
+    const xt::xarray<double> a{{2.5, -2.5}, {7.0, -0.5}}, b{{2.0, 2.0}, {-3.0, 0.75}};
+    auto f = [](const auto& a, const auto& b) {
+      auto loss = [](const auto& p, const auto& q) {
+        return namedax::sum(namedax::mod(p, q) * 2.0 + namedax::floor_divide(p, q) * 5.0);
+      };
+      return namedax::grad(loss, namedax::argnums<0, 1>)(a, b);
+    };
+    const xt::xarray<double> da{{2.0, 2.0}, {2.0, 2.0}}, db{{-2.0, 4.0}, {6.0, 2.0}};
+    for (const auto& [ga, gb] : {namedax::vmap<"i">(f)(a, b), namedax::pmap<"i">(f)(a, b)}) {
+      CHECK_BITWISE(ga, da);
+      CHECK_BITWISE(gb, db);
+    }
   }
 }

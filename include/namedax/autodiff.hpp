@@ -223,6 +223,10 @@ NAMEDAX_TRACED_BINARY(atan2, ct * b / (a * a + b * b), -ct * a / (a * a + b * b)
 /// nearest quotient, ties to even), the quotient's derivative zero; fdim(a, b) = max(a - b, 0).
 NAMEDAX_TRACED_BINARY(fmod, ct * T(1), -ct * namedax::trunc(a / b))
 NAMEDAX_TRACED_BINARY(remainder, ct * T(1), -ct * namedax::rint(a / b))
+/// mod(a, b) = a - floor_divide(a, b) b, the quotient's derivative zero (as JAX); floor_divide
+/// is piecewise constant, its derivative zero in both operands.
+NAMEDAX_TRACED_BINARY(mod, ct * T(1), -ct * namedax::floor_divide(a, b))
+NAMEDAX_TRACED_BINARY(floor_divide, ct * T(0), ct * T(0))
 NAMEDAX_TRACED_BINARY(fdim, ct * namedax::cast<T>(a > b), -ct * namedax::cast<T>(a > b))
 NAMEDAX_TRACED_BINARY(hypot, ct * a / y, ct * b / y)
 /// lgamma: digamma(a); tgamma: y digamma(a) (digamma from detail/digamma.hpp).
