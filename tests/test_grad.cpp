@@ -975,4 +975,38 @@ TEST_SUITE("grad") {
       CHECK_BITWISE(gb, db);
     }
   }
+
+  TEST_CASE("linearize, jacrev and jacfwd outside maps: closed forms, against jvp, a 2-D Jacobian") {
+    std::mt19937 rng(43);
+    const xt::xarray<double> x = uniform(rng, {3}, -1, 1), w = uniform(rng, {3}, -1, 1), t = uniform(rng, {3}, -1, 1);
+    const xt::xarray<double> zero = xt::zeros<double>({3});
+    auto g = [](const auto& a, const auto& b) { return namedax::sin(a) * b; };
+    // linearize: f runs once; its linear map is jvp's tangent, bit for bit, for every tangent.
+    const auto [y, f_jvp] = namedax::linearize(g, x, w);
+    check_exact("linearize: value", xt::xarray<double>(y.payload()), xt::sin(x) * w);
+    const xt::xarray<double> along_x = f_jvp(t, zero).payload();
+    check_exact("linearize along x", along_x, xt::cos(x) * w * t);
+    CHECK_BITWISE(along_x, xt::xarray<double>(namedax::jvp(g, std::tuple{x, w}, std::tuple{t, zero}).second.payload()));
+    check_exact("linearize along w, called again", xt::xarray<double>(f_jvp(zero, t).payload()), xt::sin(x) * t);
+    // jacrev: d(sin(x) w)_i / dx_j = cos(x_i) w_i on the diagonal; jacfwd the same bits.
+    const xt::xarray<double> jacobian = namedax::jacrev(g)(x, w);
+    xt::xarray<double> diagonal = xt::zeros<double>({3, 3});
+    for (std::size_t i = 0; i < 3; ++i) diagonal(i, i) = std::cos(x(i)) * w(i);
+    check_exact("jacrev", jacobian, diagonal);
+    CHECK_BITWISE(jacobian, xt::xarray<double>(namedax::jacfwd(g)(x, w)));
+    check_exact("J t against linearize", xt::xarray<double>(xt::sum(jacobian * t, {1})), along_x);
+    CHECK_BITWISE(xt::xarray<double>(namedax::jacrev([](auto v) { return namedax::square(v); })(xt::xarray<double>{1., 2.})),
+                  (xt::xarray<double>{{2., 0.}, {0., 4.}}));  // {{2., 0.}, {0., 4.}}
+    // A 2-D argument and a 1-D result: d(sum_l a(k, l)^2)_i / da(k, l) = 2 a(k, l) where i = k.
+    const xt::xarray<double> a = uniform(rng, {2, 3}, -1, 1);
+    const xt::xarray<double> rows = namedax::jacrev([](const auto& v) { return namedax::sum(v * v, 1); })(a);
+    REQUIRE(std::vector<std::size_t>(rows.shape().begin(), rows.shape().end()) == std::vector<std::size_t>{2, 2, 3});
+    xt::xarray<double> expected = xt::zeros<double>({2, 2, 3});
+    for (std::size_t k = 0; k < 2; ++k)
+      for (std::size_t l = 0; l < 3; ++l) expected(k, k, l) = 2 * a(k, l);
+    check_exact("jacrev, 2-D", rows, expected);
+    // A scalar result: the Jacobian is the gradient.
+    auto total = [](const auto& v) { return namedax::sum(namedax::square(v)); };
+    CHECK_BITWISE(xt::xarray<double>(namedax::jacrev(total)(x)), xt::xarray<double>(namedax::grad(total)(x)));
+  }
 }

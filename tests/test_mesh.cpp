@@ -305,7 +305,7 @@ TEST_SUITE("shard_map") {
           "namedax::mesh: axis \"model\" has size 0; every mesh axis needs at least one index");
   }
 
-  TEST_CASE("grad outside shard_map (JAX's training step) on a 2-D mesh: closed form, inside, every placement") {
+  TEST_CASE("grad outside shard_map (JAX's training step) on a 2-D mesh: closed form, inside, every placement, pytrees") {
     // The loss sum_n (x_n . w - t_n)^2 with the rows of x and t split over "data" and the
     // features of x and w over "model"; its gradient 2 sum_n (x_n . w - t_n) x_n.
     std::mt19937 rng(38);
@@ -344,6 +344,42 @@ TEST_SUITE("shard_map") {
         return namedax::sum(namedax::shard_map(replicated, m, std::tuple{namedax::P(), namedax::P("data"_ax)}, namedax::P())(p, x));
       })(w);
     };
+    // A pytree argument: the parameters (w, c) as a std::tuple, one spec for both; the loss of
+    // w + c, so that both gradients are the closed form at w + c, bit for bit the same.
+    const xt::xarray<double> c = namedax_test::random_array<double>(rng, {4});
+    xt::xarray<double> at_sum = xt::zeros<double>({4});
+    for (std::size_t n = 0; n < 8; ++n) at_sum += 2 * (xt::sum(xt::row(x, n) * (w + c))() - t(n)) * xt::row(x, n);
+    auto pair_loss = [&](const auto& params, const auto& xb, const auto& tb) {
+      return loss(std::get<0>(params) + std::get<1>(params), xb, tb);
+    };
+    auto pair_outside = [&](const auto& m) {
+      return namedax::grad([&](const auto& params) {
+        return namedax::sum(namedax::shard_map(pair_loss, m, specs, namedax::P())(params, x, t));
+      })(std::tuple{w, c});
+    };
+    const auto [gw, gc] = pair_outside(mixed);
+    CHECK(xt::amax(xt::abs(gw - at_sum))() < 1e-12 * (1 + xt::amax(xt::abs(at_sum))()));
+    CHECK_BITWISE(gw, gc);
+    const auto [gw_threads, gc_threads] = pair_outside(threads);
+    CHECK_BITWISE(gw, gw_threads);
+    CHECK_BITWISE(gc, gc_threads);
+    // The same under vmap and pmap, the parameters replicated (in_axes none for the tuple).
+    auto per_row = [](const auto& params, const auto& row) {
+      return namedax::square(namedax::sum((std::get<0>(params) + std::get<1>(params)) * row));
+    };
+    auto over_rows = [&](auto map) {
+      return namedax::grad([&](const auto& params) {
+        return namedax::sum(map(per_row, std::tuple{namedax::none, 0})(params, x));
+      })(std::tuple{w, c});
+    };
+    const auto [vw, vc] = over_rows([](auto f, auto in) { return namedax::vmap<"i">(f, in); });
+    const auto [pw, pc] = over_rows([](auto f, auto in) { return namedax::pmap<"i">(f, in); });
+    xt::xarray<double> rows_form = xt::zeros<double>({4});
+    for (std::size_t n = 0; n < 8; ++n) rows_form += 2 * xt::sum(xt::row(x, n) * (w + c))() * xt::row(x, n);
+    CHECK(xt::amax(xt::abs(vw - rows_form))() < 1e-12 * (1 + xt::amax(xt::abs(rows_form))()));
+    CHECK_BITWISE(vw, vc);
+    CHECK_BITWISE(vw, pw);
+    CHECK_BITWISE(vc, pc);
     const xt::xarray<double> g_replicated = through(mixed);
     const xt::xarray<double> expected = xt::sum(xt::sin(x), {0});
     CHECK(xt::amax(xt::abs(g_replicated - expected))() < 1e-12 * (1 + xt::amax(xt::abs(expected))()));

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Reverse-mode derivatives of functions of named values: namedax::grad, value_and_grad (with
-// the options argnums and has_aux), vjp, jvp and checkpoint, as JAX's. See docs/adjoints.md.
+// the options argnums and has_aux), vjp, jvp, linearize, jacrev, jacfwd and checkpoint, as JAX's.
+// See docs/adjoints.md.
 //
 //   auto loss = [](const auto& w, const auto& x, const auto& y) {
 //     auto r = namedax::pdot(x, w, namedax::axes(), {{1}, {0}}) - y;
@@ -97,6 +98,30 @@ template <class F, class... Ps, class... Ts>
 auto jvp(F f, const std::tuple<Ps...>& primals, const std::tuple<Ts...>& tangents) {
   static_assert(sizeof...(Ps) == sizeof...(Ts), "namedax::jvp: give one tangent per primal");
   return detail::ad::jvp_by_pullbacks(f, primals, tangents);
+}
+
+/// `linearize(f, primals...)`: `std::pair{f(primals...), f_jvp}` where `f_jvp(tangents...)`
+/// is J t at the primals, as jvp's second result (jax.linearize): f runs once, and f_jvp may
+/// be called for any number of tangents. Outside maps, computed as jvp is.
+template <class F, class... Ps>
+auto linearize(F f, const Ps&... primals) {
+  return detail::ad::linearize_by_pullbacks(f, primals...);
+}
+
+/// `jacrev(f)(x, rest...)`: the Jacobian of f in x (jax.jacrev with argnums=0), an array of
+/// f's result dims followed by x's dims: `jacrev(f)(x)(i, j)` is d f(x)_i / d x_j. Outside
+/// maps, x one value, f returning one value; one pullback per element of f's result.
+///   jacrev([](auto x) { return namedax::square(x); })(xt::xarray<double>{1., 2.})  // {{2., 0.}, {0., 4.}}
+template <class F>
+auto jacrev(F f) {
+  return detail::ad::jacobian<F>{std::move(f)};
+}
+
+/// `jacfwd(f)(x, rest...)`: jacrev's Jacobian (jax.jacfwd), the same array. Computed by
+/// reverse mode as jacrev is, until namedax has a forward mode with rules of its own.
+template <class F>
+auto jacfwd(F f) {
+  return detail::ad::jacobian<F>{std::move(f)};
 }
 
 /// The value without its record: no derivative flows through it (jax.lax.stop_gradient).

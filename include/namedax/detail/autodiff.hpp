@@ -795,68 +795,142 @@ auto flat_elements(const L& leaf) {
   else return xt::xarray<double>(leaf);
 }
 
-/// sum over the leaves of <gradient leaf, tangent leaf>: one element of J t.
-template <class G, class T>
-double pair_leaves(const G& gradient, const T& tangent, std::size_t argument) {
-  const auto g_leaves = tree_leaves(gradient);
+/// The leaves of argument `argument`'s tangent as flat arrays, each checked against its
+/// primal leaf's shape: made once for all the elements of J t.
+template <class P, class T>
+auto flat_tangent(const P& primal, const T& tangent, std::size_t argument) {
+  const auto p_leaves = tree_leaves(primal);
   const auto t_leaves = tree_leaves(tangent);
-  static_assert(std::tuple_size_v<decltype(g_leaves)> == std::tuple_size_v<decltype(t_leaves)>,
+  static_assert(std::tuple_size_v<decltype(p_leaves)> == std::tuple_size_v<decltype(t_leaves)>,
                 "namedax::jvp: each tangent must have the structure of its primal");
+  return std::apply(
+      [&](const auto&... p) {
+        return std::apply(
+            [&](const auto&... t) {
+              return std::tuple{[&] {
+                const auto ps = flat_elements(p);
+                auto ts = flat_elements(t);
+                if (!std::equal(ps.shape().begin(), ps.shape().end(), ts.shape().begin(), ts.shape().end()))
+                  fail("namedax::jvp: the tangent of argument ", argument, " has shape ", ts.shape(),
+                       " but its primal has shape ", ps.shape());
+                return ts;
+              }()...};
+            },
+            t_leaves);
+      },
+      p_leaves);
+}
+
+/// sum over the leaves of <gradient leaf, tangent leaf>: one element of J t.
+template <class G, class Flats>
+double pair_leaves(const G& gradient, const Flats& tangent) {
   double total = 0;
   std::apply(
       [&](const auto&... g) {
         std::apply(
-            [&](const auto&... t) {
+            [&](const auto&... ts) {
               (
                   [&] {
                     const auto gs = flat_elements(g);
-                    const auto ts = flat_elements(t);
-                    if (!std::equal(gs.shape().begin(), gs.shape().end(), ts.shape().begin(), ts.shape().end()))
-                      fail("namedax::jvp: the tangent of argument ", argument, " has shape ", ts.shape(),
-                           " but its primal has shape ", gs.shape());
                     for (std::size_t k = 0; k < gs.size(); ++k) total += gs.flat(k) * ts.flat(k);
                   }(),
                   ...);
             },
-            t_leaves);
+            tangent);
       },
-      g_leaves);
+      tree_leaves(gradient));
   return total;
 }
 
-/// jvp outside any map, as J t: one pullback per element of the result, each seeded with
-/// that element's unit cotangent.
+/// f's value at the primals and its linear map `t... -> J t` (jax.linearize), outside any
+/// map: J t by one pullback per element of the result, each seeded with that element's unit
+/// cotangent; the pullback is kept and called again for every tangent.
+template <class F, class... Ps>
+auto linearize_by_pullbacks(const F& f, const Ps&... primals) {
+  auto vjp = vjp_of_function(f, primals...);  // not a structured binding: clang++ 14 cannot capture one
+  using Y = decltype(vjp.first);
+  static_assert(std::is_arithmetic_v<Y> || (NamedValue<Y> && Y::env_type::size == 0),
+                "namedax::jvp and linearize: the function must return one named value, array or scalar, and they "
+                "work outside maps only for now (inside a map, use namedax::vjp)");
+  auto f_jvp = [value = vjp.first, pullback = std::move(vjp.second), primals = std::tuple{primals...}](
+                   const auto&... tangents) {
+    static_assert(sizeof...(tangents) == sizeof...(Ps), "namedax::linearize: give one tangent per primal");
+    const auto flats = [&]<std::size_t... K>(std::index_sequence<K...>) {
+      return std::tuple{flat_tangent(std::get<K>(primals), tangents, K)...};
+    }(std::index_sequence_for<Ps...>{});
+    auto element = [&](const auto& cotangent) {
+      const auto grads = pullback(cotangent);
+      double total = 0;
+      [&]<std::size_t... K>(std::index_sequence<K...>) {
+        ((total += pair_leaves(std::get<K>(grads), std::get<K>(flats))), ...);
+      }(std::index_sequence_for<Ps...>{});
+      return total;
+    };
+    if constexpr (std::is_arithmetic_v<Y>) {
+      return static_cast<Y>(element(Y{1}));
+    } else {
+      using T = typename Y::value_type;
+      const auto& payload = value.payload();
+      const std::vector<std::size_t> shape(payload.shape().begin(), payload.shape().end());
+      xt::xarray<T> unit = xt::zeros<T>(shape);
+      xt::xarray<T> tangent = xt::zeros<T>(shape);
+      for (std::size_t k = 0; k < unit.size(); ++k) {
+        unit.flat(k) = T{1};
+        tangent.flat(k) = static_cast<T>(element(unit));
+        unit.flat(k) = T{0};
+      }
+      return Y(share_array(std::move(tangent)));
+    }
+  };
+  return std::pair{std::move(vjp.first), std::move(f_jvp)};
+}
+
+/// jvp outside any map: linearize, then its linear map at the tangents.
 template <class F, class... Ps, class... Ts>
 auto jvp_by_pullbacks(const F& f, const std::tuple<Ps...>& primals, const std::tuple<Ts...>& tangents) {
-  auto [value, pullback] = std::apply([&](const auto&... p) { return vjp_of_function(f, p...); }, primals);
-  using Y = decltype(value);
-  auto element = [&, &pullback = pullback](const auto& cotangent) {
-    const auto grads = pullback(cotangent);
-    double total = 0;
-    [&]<std::size_t... K>(std::index_sequence<K...>) {
-      ((total += pair_leaves(std::get<K>(grads), std::get<K>(tangents), K)), ...);
-    }(std::index_sequence_for<Ps...>{});
-    return total;
-  };
-  if constexpr (std::is_arithmetic_v<Y>) {
-    return std::pair{value, static_cast<Y>(element(Y{1}))};
-  } else {
-    static_assert(NamedValue<Y> && Y::env_type::size == 0,
-                  "namedax::jvp: the function must return one named value or array, and jvp works outside maps only "
-                  "for now (inside a map, use namedax::vjp)");
-    using T = typename Y::value_type;
-    const auto& payload = value.payload();
-    const std::vector<std::size_t> shape(payload.shape().begin(), payload.shape().end());
-    xt::xarray<T> unit = xt::zeros<T>(shape);
-    xt::xarray<T> tangent = xt::zeros<T>(shape);
-    for (std::size_t k = 0; k < unit.size(); ++k) {
-      unit.flat(k) = T{1};
-      tangent.flat(k) = static_cast<T>(element(unit));
-      unit.flat(k) = T{0};
-    }
-    return std::pair{value, Y(share_array(std::move(tangent)))};
-  }
+  auto [value, f_jvp] = std::apply([&](const auto&... p) { return linearize_by_pullbacks(f, p...); }, primals);
+  auto tangent = std::apply(f_jvp, tangents);
+  return std::pair{std::move(value), std::move(tangent)};
 }
+
+/// The Jacobian of f in its first argument (jax.jacrev, jax.jacfwd), outside any map: the
+/// result's dims, then the argument's; row e is the gradient of result element e, by one
+/// pullback of one vjp per element.
+template <class F>
+struct jacobian {
+  F f;
+
+  template <class X, class... Rest>
+  auto operator()(const X& x, const Rest&... rest) const {
+    static_assert(!is_node<X>, "namedax::jacrev/jacfwd: the differentiated argument is one value (not a pytree) "
+                               "for now; pass the leaves as arguments of their own");
+    auto [value, pullback] = vjp_of_function([&](const auto& a) { return f(a, rest...); }, x);
+    using Y = decltype(value);
+    static_assert(std::is_arithmetic_v<Y> || (NamedValue<Y> && Y::env_type::size == 0),
+                  "namedax::jacrev/jacfwd: the function must return one named value, array or scalar, and they work "
+                  "outside maps only for now");
+    const xt::xarray<double> input = flat_elements(x);
+    if constexpr (std::is_arithmetic_v<Y>) {
+      const auto [g] = pullback(Y{1});
+      return xt::xarray<Y>(flat_elements(g));
+    } else {
+      using T = typename Y::value_type;
+      const auto& payload = value.payload();
+      dims_t shape(payload.shape().begin(), payload.shape().end());
+      xt::xarray<T> unit = xt::zeros<T>(shape);
+      shape.insert(shape.end(), input.shape().begin(), input.shape().end());
+      auto out = xt::xarray<T>::from_shape(shape);
+      for (std::size_t e = 0; e < unit.size(); ++e) {
+        unit.flat(e) = T{1};
+        const auto [g] = pullback(unit);
+        const xt::xarray<double> row = flat_elements(g);
+        for (std::size_t k = 0; k < input.size(); ++k) out.flat(e * input.size() + k) = static_cast<T>(row.flat(k));
+        unit.flat(e) = T{0};
+      }
+      return out;
+    }
+  }
+};
 
 /// The traced result `value` of a call on the operands `xs` whose pullback computes the call
 /// again: `backward(ct, operands...)`, given the result's cotangent and the operands as the
@@ -1087,41 +1161,59 @@ template <class Verb>
 struct derivative<rule::map, Verb> {
   template <class Map, class... Xs>
   static auto apply(const Map& map, const Xs&... xs) {
-    static_assert((true && ... && (leaf_count<Xs>() == 1)),
-                  "namedax::vmap/pmap/shard_map differentiated through (grad outside the map): each argument must be "
-                  "one value, not a pytree, for now; pass the leaves as arguments of their own");
-    static_assert((true && ... && outside_every_map<Xs>()),
+    using arguments = std::tuple<Xs...>;
+    const std::tuple<const Xs&...> given(xs...);
+    const auto leaves = tree_leaves(given);  // the node's operands: every leaf, traced or not
+    static_assert(outside_every_map<std::remove_cvref_t<decltype(leaves)>>(),
                   "namedax::vmap/pmap/shard_map differentiated through: only a map outside every other map, for now; "
                   "call grad inside the outer map");
-    const auto entries = spread_prefix<std::tuple<Xs...>>(map.in_axes());
+    const auto entries = spread_prefix<arguments>(map.in_axes());  // one entry per leaf
     const auto& f = map.function();
-    auto y = map(ad::primal_of(xs)...);  // the forward, on plain values
+    auto y = map(primals(xs)...);  // the forward, on plain values
     using Y = decltype(y);
     static_assert(PlainValue<Y>, "namedax::vmap/pmap/shard_map differentiated through: the mapped function must "
                                  "return one value (not a pytree), for now");
     using T = typename Y::value_type;
     using N = named<shared_array<T>, env<>, 0>;
-    // The map of the pullback: arguments (the primals, then the cotangent) mapped as the
-    // forward's arguments and result were; the cotangents stacked as the arguments were.
+    // The map of the pullback, on the leaves of the arguments (their primals) and the result's
+    // cotangent, mapped as the forward's leaves and result were; it returns one cotangent per
+    // leaf, stacked as the leaves were.
     auto backward = map.remapped(
-        [f](const auto&... operands_and_ct) {
-          auto all = std::forward_as_tuple(operands_and_ct...);
-          return [&]<std::size_t... K>(std::index_sequence<K...>) {
-            auto [value, pullback] = ad::vjp_of_function(f, std::get<K>(all)...);
-            return pullback(std::get<sizeof...(Xs)>(all));
-          }(std::index_sequence_for<Xs...>{});
+        [f](const auto&... leaves_and_ct) {
+          auto all = std::forward_as_tuple(leaves_and_ct...);
+          auto args = tree_unflatten<arguments>(all);
+          auto [value, pullback] = std::apply([&](const auto&... a) { return ad::vjp_of_function(f, a...); }, args);
+          const auto cotangents = pullback(std::get<sizeof...(leaves_and_ct) - 1>(all));
+          return std::apply([](const auto&... c) { return std::make_tuple(c...); }, tree_leaves(cotangents));
         },
         std::tuple_cat(entries, std::tuple{map.out_axes()}), entries);
-    return ad::record_call(
-        N(share_array(xt::xarray<T>(std::move(y)))),
-        [backward](const N& ct, const auto&... operands) { return backward(operands..., ct.payload()); }, xs...);
+    return std::apply(
+        [&](const auto&... leaf) {
+          return ad::record_call(
+              N(share_array(xt::xarray<T>(std::move(y)))),
+              [backward](const N& ct, const auto&... operands) { return backward(operands..., ct.payload()); },
+              leaf...);
+        },
+        leaves);
   }
 
  private:
-  template <class X>
+  /// Whether every leaf (a std::tuple of their references) is a value of no map.
+  template <class Leaves>
   static constexpr bool outside_every_map() {
-    if constexpr (Traced<X>) return X::env_type::size == 0;
-    else return true;
+    return []<std::size_t... K>(std::index_sequence<K...>) {
+      return (true && ... && [] {
+        using X = std::remove_cvref_t<std::tuple_element_t<K, Leaves>>;
+        if constexpr (Traced<X>) return X::env_type::size == 0;
+        else return true;
+      }());
+    }(std::make_index_sequence<std::tuple_size_v<Leaves>>{});
+  }
+  /// An argument with its traced leaves replaced by their primals: a leaf as it is (not copied).
+  template <class X>
+  static decltype(auto) primals(const X& x) {
+    if constexpr (is_node<X>) return tree_map(x, [](const auto& leaf) { return ad::owned_operand(leaf); });
+    else return ad::primal_of(x);
   }
 };
 

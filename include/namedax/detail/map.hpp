@@ -595,6 +595,20 @@ auto call_map(std::string_view verb, const F& f, const InAxes& in_axes, const Ou
   return run_map<Binding, OnProcesses>(verb, f, in_axes, out_axes, axis_size, processes, fresh, args...);
 }
 
+/// A map object (vmap's, pmap's or shard_map's) called on `args`: `run(args...)`, or, with
+/// traced leaves among them (grad outside the map), the maps' derivative rule in
+/// detail/autodiff.hpp, which records the call. `run` is generic, so that it is instantiated
+/// only for the arguments it runs on.
+template <class Map, class Run, class... Args>
+auto run_or_record(const Map& map, const Run& run, const Args&... args) {
+  if constexpr ((false || ... || has_traced_leaves<Args>())) {
+    using map_rule = typename dependent<std::tuple<Args...>, derivative<rule::map, void>>::type;
+    return map_rule::apply(map, args...);
+  } else {
+    return run(args...);
+  }
+}
+
 /// A map (vmap or pmap) as an object: called, it returns its results in fresh arrays;
 /// `into(outputs)` gives the same map writing them into the caller's arrays.
 template <class Binding, class F, class InAxes, class OutAxes>
@@ -605,13 +619,8 @@ class mapped_function {
 
   template <class... Args>
   auto operator()(const Args&... args) const {
-    if constexpr ((false || ... || has_traced_leaves<Args>())) {
-      // Differentiated through (grad outside the map): the map's own rule, in detail/autodiff.hpp.
-      using map_rule = typename dependent<std::tuple<Args...>, derivative<rule::map, void>>::type;
-      return map_rule::apply(*this, args...);
-    } else {
-      return call_map<Binding>(verb_, f_, in_axes_, out_axes_, axis_size_, nullptr, args...);
-    }
+    auto run = [&](const auto&... a) { return call_map<Binding>(verb_, f_, in_axes_, out_axes_, axis_size_, nullptr, a...); };
+    return run_or_record(*this, run, args...);
   }
 
   /// The same map (axis, placement, axis_size) of another function, with other in_axes and

@@ -445,12 +445,8 @@ class sharded_function {
 
   template <class... Args>
   auto operator()(const Args&... args) const {
-    if constexpr ((false || ... || has_traced_leaves<Args>())) {
-      using map_rule = typename dependent<std::tuple<Args...>, derivative<rule::map, void>>::type;
-      return map_rule::apply(*this, args...);
-    } else {
-      return call_shard_map(f_, mesh_, in_specs_, out_specs_, args...);
-    }
+    auto run = [&](const auto&... a) { return call_shard_map(f_, mesh_, in_specs_, out_specs_, a...); };
+    return run_or_record(*this, run, args...);
   }
 
   /// The same mesh's shard_map of another function, with other specs.
