@@ -1099,20 +1099,51 @@ class environment {
 };
 
 namespace detail {
+/// mpi::pmap as an object, as mapped_function is pmap's: called with traced arguments (grad
+/// outside the map), the maps' derivative rule records it, and its pullback is the same
+/// process map of the function's pullback.
+template <class Binding, class F, class InAxes, class OutAxes>
+class process_function {
+ public:
+  process_function(F f, InAxes in_axes, OutAxes out_axes, std::size_t axis_size)
+      : f_(std::move(f)), in_axes_(std::move(in_axes)), out_axes_(std::move(out_axes)), axis_size_(axis_size) {}
+
+  template <class... Args>
+  auto operator()(const Args&... args) const {
+    auto run = [&](const auto&... a) {
+      auto grid = enclosing_grid(Binding::axis_type::name);
+      // A check of this process's own arguments that fails throws before the map's first
+      // agreement: the others learn of it there, instead of waiting for this process.
+      try {
+        return namedax::detail::call_map<Binding, true>("mpi::pmap", f_, in_axes_, out_axes_, axis_size_, grid.get(), a...);
+      } catch (...) {
+        grid->raise_everywhere(std::current_exception());
+        throw;  // not reached (raise_everywhere rethrows); GCC does not see [[noreturn]] through the virtual call
+      }
+    };
+    return run_or_record(*this, run, args...);
+  }
+
+  /// The same process map of another function, with other in_axes and out_axes.
+  template <class G, class In, class Out>
+  auto remapped(G g, In in_axes, Out out_axes) const {
+    return process_function<Binding, G, In, Out>(std::move(g), std::move(in_axes), std::move(out_axes), axis_size_);
+  }
+  [[nodiscard]] const F& function() const { return f_; }
+  [[nodiscard]] const InAxes& in_axes() const { return in_axes_; }
+  [[nodiscard]] const OutAxes& out_axes() const { return out_axes_; }
+
+ private:
+  F f_;
+  InAxes in_axes_;
+  OutAxes out_axes_;
+  std::size_t axis_size_;
+};
+
 /// mpi::pmap with its binding: mpi::pmap's own, or a process axis of a shard_map's mesh.
 template <class Binding, class F, class InAxes, class OutAxes>
 auto process_map(F f, InAxes in_axes, OutAxes out_axes, std::size_t axis_size) {
-  return [f = std::move(f), in_axes, out_axes, axis_size](const auto&... args) {
-    auto grid = enclosing_grid(Binding::axis_type::name);
-    // A check of this process's own arguments that fails throws before the map's first
-    // agreement: the others learn of it there, instead of waiting for this process.
-    try {
-      return namedax::detail::call_map<Binding, true>("mpi::pmap", f, in_axes, out_axes, axis_size, grid.get(), args...);
-    } catch (...) {
-      grid->raise_everywhere(std::current_exception());
-      throw;  // not reached (raise_everywhere rethrows); GCC does not see [[noreturn]] through the virtual call
-    }
-  };
+  return process_function<Binding, F, InAxes, OutAxes>(std::move(f), std::move(in_axes), std::move(out_axes), axis_size);
 }
 }  // namespace detail
 

@@ -357,6 +357,37 @@ TEST_SUITE("collectives on processes against vmap") {
     };
     check_like_vmap(f, std::tuple{namedax::none, 0, 0}, w, x, c);
   }
+  TEST_CASE("grad outside mpi::pmap and outside shard_map on a mesh of processes: the same bits as vmap's") {
+    // JAX's training step: the loss sums the per-example losses that the map computes, the
+    // parameters a pytree replicated over the processes. Whole numbers: exact in any order.
+    std::mt19937 rng(38);
+    const std::size_t n = processes;
+    const auto x = whole_numbers<double>(rng, {n, 3});
+    const auto w = whole_numbers<double>(rng, {3});
+    const auto c = whole_numbers<double>(rng, {3});
+    auto per_row = [](const auto& params, const auto& row) {
+      return namedax::square(namedax::sum((std::get<0>(params) + std::get<1>(params)) * row));
+    };
+    auto through = [&](auto map) {
+      return namedax::grad([&](const auto& params) {
+        return namedax::sum(map(per_row, std::tuple{namedax::none, 0})(params, x));
+      })(std::tuple{w, c});
+    };
+    const auto [pw, pc] = through([](auto f, auto in) { return namedax::mpi::pmap<"i">(f, in); });
+    const auto [vw, vc] = through([](auto f, auto in) { return namedax::vmap<"i">(f, in); });
+    xt::xarray<double> expected = xt::zeros<double>({3});
+    for (std::size_t k = 0; k < n; ++k) expected += 2 * xt::sum(xt::row(x, k) * (w + c))() * xt::row(x, k);
+    CHECK_BITWISE(vw, expected);
+    CHECK_BITWISE(pw, vw);
+    CHECK_BITWISE(pc, vc);
+    // shard_map over a mesh of the processes: the rows split over them, the loss psum'd.
+    namedax::mesh m{namedax::mpi::processes<"i">(n)};
+    auto loss = [](const auto& wb, const auto& xb) { return namedax::psum(namedax::sum(namedax::square(xb * wb)), "i"_ax); };
+    const xt::xarray<double> sharded = namedax::grad([&](const auto& p) {
+      return namedax::sum(namedax::shard_map(loss, m, std::tuple{namedax::P(), namedax::P("i"_ax)}, namedax::P())(p, x));
+    })(w);
+    CHECK_BITWISE(sharded, xt::xarray<double>(2 * w * xt::sum(x * x, {0})));
+  }
   TEST_CASE("pbroadcast from every source: each process gets the source's value, exact for NaN, -inf and -0") {
     const std::size_t n = processes;
     xt::xarray<float> x = xt::arange<float>(static_cast<float>(n * 3)).reshape({n, 3});
