@@ -296,9 +296,10 @@ C with_positional_shape(const C& ct, const std::vector<std::size_t>& shape) {
 enum class local_reduction { sum, mean, max, min, logsumexp, prod };
 
 /// The lines of a row-major array along dim `d`: `f(first, count, stride)` for each, `first`
-/// the offset of its first element.
+/// the offset of its first element. (kernels.hpp's for_each_line walks innermost lines and
+/// drops dims of size 1, so it cannot give the lines along a given dim.)
 template <class F>
-void for_each_line(const std::vector<std::size_t>& shape, std::size_t d, F f) {
+void for_each_line_along(const std::vector<std::size_t>& shape, std::size_t d, F f) {
   const auto product = [&](std::size_t from, std::size_t to) {
     return std::accumulate(shape.begin() + static_cast<std::ptrdiff_t>(from), shape.begin() + static_cast<std::ptrdiff_t>(to),
                            std::size_t{1}, std::multiplies<>());
@@ -317,7 +318,7 @@ template <class T>
 void product_of_others(xt::xarray<T>& a, std::size_t d) {
   const std::vector<std::size_t> shape(a.shape().begin(), a.shape().end());
   T* data = a.data();
-  for_each_line(shape, d, [data](std::size_t first, std::size_t count, std::size_t stride) {
+  for_each_line_along(shape, d, [data](std::size_t first, std::size_t count, std::size_t stride) {
     T suffix(1);  // the product of the elements after k, then the prefix is multiplied in
     std::vector<T> line(count);
     for (std::size_t k = count; k-- > 0;) {
@@ -379,7 +380,7 @@ C cumprod_pullback(const C& ct, const N& x, int d) {
   const std::vector<std::size_t> shape(c.shape().begin(), c.shape().end());
   const T* xs = v.data();
   T* cs = c.data();
-  for_each_line(shape, dim, [xs, cs](std::size_t first, std::size_t count, std::size_t stride) {
+  for_each_line_along(shape, dim, [xs, cs](std::size_t first, std::size_t count, std::size_t stride) {
     if (count == 0) return;
     T s = cs[first + (count - 1) * stride];  // S_{k}, from the end
     std::vector<T> suffix(count);
@@ -795,30 +796,38 @@ auto flat_elements(const L& leaf) {
   else return xt::xarray<double>(leaf);
 }
 
+/// A leaf's shape (outside any map): a scalar's is ().
+template <class L>
+std::vector<std::size_t> leaf_shape(const L& leaf) {
+  if constexpr (std::is_arithmetic_v<L>) return {};
+  else if constexpr (NamedValue<L>) return {leaf.payload().shape().begin(), leaf.payload().shape().end()};
+  else return {leaf.shape().begin(), leaf.shape().end()};
+}
+
+/// The shapes of a pytree's leaves, in order.
+template <class P>
+auto leaf_shapes(const P& tree) {
+  return std::apply([](const auto&... leaf) { return std::array<std::vector<std::size_t>, sizeof...(leaf)>{leaf_shape(leaf)...}; },
+                    tree_leaves(tree));
+}
+
 /// The leaves of argument `argument`'s tangent as flat arrays, each checked against its
-/// primal leaf's shape: made once for all the elements of J t.
-template <class P, class T>
-auto flat_tangent(const P& primal, const T& tangent, std::size_t argument) {
-  const auto p_leaves = tree_leaves(primal);
+/// primal leaf's shape (`shapes`, the primal's leaf_shapes): made once for all the elements
+/// of J t.
+template <std::size_t N, class T>
+auto flat_tangent(const std::array<std::vector<std::size_t>, N>& shapes, const T& tangent, std::size_t argument) {
   const auto t_leaves = tree_leaves(tangent);
-  static_assert(std::tuple_size_v<decltype(p_leaves)> == std::tuple_size_v<decltype(t_leaves)>,
+  static_assert(N == std::tuple_size_v<decltype(t_leaves)>,
                 "namedax::jvp: each tangent must have the structure of its primal");
-  return std::apply(
-      [&](const auto&... p) {
-        return std::apply(
-            [&](const auto&... t) {
-              return std::tuple{[&] {
-                const auto ps = flat_elements(p);
-                auto ts = flat_elements(t);
-                if (!std::equal(ps.shape().begin(), ps.shape().end(), ts.shape().begin(), ts.shape().end()))
-                  fail("namedax::jvp: the tangent of argument ", argument, " has shape ", ts.shape(),
-                       " but its primal has shape ", ps.shape());
-                return ts;
-              }()...};
-            },
-            t_leaves);
-      },
-      p_leaves);
+  return [&]<std::size_t... K>(std::index_sequence<K...>) {
+    return std::tuple{[&] {
+      auto ts = flat_elements(std::get<K>(t_leaves));
+      if (!std::equal(shapes[K].begin(), shapes[K].end(), ts.shape().begin(), ts.shape().end()))
+        fail("namedax::jvp: the tangent of argument ", argument, " has shape ", ts.shape(), " but its primal has shape ",
+             shapes[K]);
+      return ts;
+    }()...};
+  }(std::make_index_sequence<N>{});
 }
 
 /// sum over the leaves of <gradient leaf, tangent leaf>: one element of J t.
@@ -842,6 +851,19 @@ double pair_leaves(const G& gradient, const Flats& tangent) {
   return total;
 }
 
+/// `each(k, pullback(unit cotangent k))` for each element k of `value` (a named value outside
+/// any map): one pullback per element, the rows of the Jacobian.
+template <class Y, class Pullback, class Each>
+void for_each_unit_cotangent(const Y& value, const Pullback& pullback, Each&& each) {
+  using T = typename Y::value_type;
+  xt::xarray<T> unit = xt::zeros<T>(leaf_shape(value));
+  for (std::size_t k = 0; k < unit.size(); ++k) {
+    unit.flat(k) = T{1};
+    each(k, pullback(unit));
+    unit.flat(k) = T{0};
+  }
+}
+
 /// f's value at the primals and its linear map `t... -> J t` (jax.linearize), outside any
 /// map: J t by one pullback per element of the result, each seeded with that element's unit
 /// cotangent; the pullback is kept and called again for every tangent.
@@ -852,14 +874,13 @@ auto linearize_by_pullbacks(const F& f, const Ps&... primals) {
   static_assert(std::is_arithmetic_v<Y> || (NamedValue<Y> && Y::env_type::size == 0),
                 "namedax::jvp and linearize: the function must return one named value, array or scalar, and they "
                 "work outside maps only for now (inside a map, use namedax::vjp)");
-  auto f_jvp = [value = vjp.first, pullback = std::move(vjp.second), primals = std::tuple{primals...}](
+  auto f_jvp = [value = vjp.first, pullback = std::move(vjp.second), shapes = std::tuple{leaf_shapes(primals)...}](
                    const auto&... tangents) {
     static_assert(sizeof...(tangents) == sizeof...(Ps), "namedax::linearize: give one tangent per primal");
     const auto flats = [&]<std::size_t... K>(std::index_sequence<K...>) {
-      return std::tuple{flat_tangent(std::get<K>(primals), tangents, K)...};
+      return std::tuple{flat_tangent(std::get<K>(shapes), tangents, K)...};
     }(std::index_sequence_for<Ps...>{});
-    auto element = [&](const auto& cotangent) {
-      const auto grads = pullback(cotangent);
+    auto paired = [&](const auto& grads) {
       double total = 0;
       [&]<std::size_t... K>(std::index_sequence<K...>) {
         ((total += pair_leaves(std::get<K>(grads), std::get<K>(flats))), ...);
@@ -867,18 +888,12 @@ auto linearize_by_pullbacks(const F& f, const Ps&... primals) {
       return total;
     };
     if constexpr (std::is_arithmetic_v<Y>) {
-      return static_cast<Y>(element(Y{1}));
+      return static_cast<Y>(paired(pullback(Y{1})));
     } else {
       using T = typename Y::value_type;
-      const auto& payload = value.payload();
-      const std::vector<std::size_t> shape(payload.shape().begin(), payload.shape().end());
-      xt::xarray<T> unit = xt::zeros<T>(shape);
-      xt::xarray<T> tangent = xt::zeros<T>(shape);
-      for (std::size_t k = 0; k < unit.size(); ++k) {
-        unit.flat(k) = T{1};
-        tangent.flat(k) = static_cast<T>(element(unit));
-        unit.flat(k) = T{0};
-      }
+      xt::xarray<T> tangent = xt::zeros<T>(leaf_shape(value));
+      for_each_unit_cotangent(value, pullback,
+                              [&](std::size_t k, const auto& grads) { tangent.flat(k) = static_cast<T>(paired(grads)); });
       return Y(share_array(std::move(tangent)));
     }
   };
@@ -909,24 +924,19 @@ struct jacobian {
     static_assert(std::is_arithmetic_v<Y> || (NamedValue<Y> && Y::env_type::size == 0),
                   "namedax::jacrev/jacfwd: the function must return one named value, array or scalar, and they work "
                   "outside maps only for now");
-    const xt::xarray<double> input = flat_elements(x);
     if constexpr (std::is_arithmetic_v<Y>) {
-      const auto [g] = pullback(Y{1});
-      return xt::xarray<Y>(flat_elements(g));
+      return xt::xarray<Y>(flat_elements(std::get<0>(pullback(Y{1}))));
     } else {
       using T = typename Y::value_type;
-      const auto& payload = value.payload();
-      dims_t shape(payload.shape().begin(), payload.shape().end());
-      xt::xarray<T> unit = xt::zeros<T>(shape);
-      shape.insert(shape.end(), input.shape().begin(), input.shape().end());
+      const std::vector<std::size_t> input = leaf_shape(x);
+      const std::size_t inputs = element_count(input);
+      std::vector<std::size_t> shape = leaf_shape(value);
+      shape.insert(shape.end(), input.begin(), input.end());
       auto out = xt::xarray<T>::from_shape(shape);
-      for (std::size_t e = 0; e < unit.size(); ++e) {
-        unit.flat(e) = T{1};
-        const auto [g] = pullback(unit);
-        const xt::xarray<double> row = flat_elements(g);
-        for (std::size_t k = 0; k < input.size(); ++k) out.flat(e * input.size() + k) = static_cast<T>(row.flat(k));
-        unit.flat(e) = T{0};
-      }
+      for_each_unit_cotangent(value, pullback, [&](std::size_t e, const auto& grads) {
+        const xt::xarray<double> row = flat_elements(std::get<0>(grads));
+        for (std::size_t k = 0; k < inputs; ++k) out.flat(e * inputs + k) = static_cast<T>(row.flat(k));
+      });
       return out;
     }
   }
