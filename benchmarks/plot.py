@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """Draws bus bandwidth against message size, one SVG per device collective with a panel for
-N=2 and one for N=4: namedax, OpenMPI (plain and with glibc's huge-page malloc), the
-hand-written threaded exchange and the memory-traffic bound. Reads the bench.csv written by
-report.py; writes <collective>.svg. Python standard library only: the SVG is written by hand.
+N=2 and one for N=4: namedax, OpenMPI (plain and with glibc's huge-page malloc), PyTorch's
+gloo collectives, the hand-written threaded exchange and the memory-traffic bound. Reads the
+bench.csv written by report.py; writes <collective>.svg. Python standard library only: the SVG
+is written by hand.
 
 Usage: plot.py <bench.csv> <output dir> [N ...]     (default N: 2 4)
 """
@@ -23,6 +24,7 @@ SERIES = [  # impl, label, colour, dash
     ("namedax", "namedax", "#1f77b4", ""),
     ("openmpi", "OpenMPI", "#d62728", ""),
     ("openmpi_hugetlb", "OpenMPI, hugetlb malloc", "#ff9896", "6,3"),
+    ("gloo", "PyTorch gloo", "#9467bd", "4,2"),
     ("hand_threads", "hand-written threads", "#2ca02c", "2,3"),
     ("memory_bound", "memory-traffic bound", "#7f7f7f", "8,4"),
 ]

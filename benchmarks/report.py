@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """Joins the raw CSV files of one benchmark run (device_collectives, vectorized_collectives,
-mpi_baseline), prints every case with its ratios to the baselines of the same run and the
-target lines of the performance issue with "met" or "missed", and writes:
+mpi_baseline, torch_collectives), prints every case with its ratios to the baselines of the
+same run and the target lines of the performance issue with "met" or "missed", and writes:
 
   bench.csv     every measurement with its bus bandwidth (the input of plot.py)
   targets.csv   one row per target line
@@ -23,6 +23,13 @@ MPI_NAMES = {
     "psum_scatter": "MPI_Reduce_scatter_block",
     "all_to_all": "MPI_Alltoall",
     "ppermute": "MPI_Sendrecv ring",
+}
+TORCH_NAMES = {  # PyTorch's gloo call for each collective (benchmarks/torch_collectives.py)
+    "psum": "all_reduce",
+    "all_gather": "all_gather",
+    "psum_scatter": "all_reduce + slice",  # gloo in PyTorch 1.13 has no reduce_scatter
+    "all_to_all": "all_to_all_single",
+    "ppermute": "isend/irecv ring",
 }
 
 
@@ -73,7 +80,7 @@ def main():
         print(__doc__)
         return 2
     out_dir = sys.argv[1]
-    raw = sys.argv[2:] or [os.path.join(out_dir, f) for f in ("device.csv", "vectorized.csv", "mpi.csv")]
+    raw = sys.argv[2:] or [os.path.join(out_dir, f) for f in ("device.csv", "vectorized.csv", "mpi.csv", "gloo.csv")]
     rows = load(raw)
     table = {(r["impl"], r["collective"], r["devices"], r["bytes"]): r for r in rows}
 
@@ -94,7 +101,7 @@ def main():
     # Every device case: namedax's time and bus bandwidth, and baseline time / namedax time.
     print("\n== device collectives (pmap): ratios = baseline time / namedax time, above 1 means namedax is faster ==")
     print(f"{'collective':<13}{'N':>3}{'size':>9}{'namedax':>15}{'bus GB/s':>10}{'hand thr':>10}{'mem bound':>10}"
-          f"{'OpenMPI':>9}{'MPI+huge':>9}")
+          f"{'OpenMPI':>9}{'MPI+huge':>9}{'gloo':>9}")
     devices = sorted({r["devices"] for r in rows if r["collective"] in DEVICE_COLLECTIVES})
     sizes = sorted({r["bytes"] for r in rows if r["collective"] in DEVICE_COLLECTIVES})
     for c in DEVICE_COLLECTIVES:
@@ -113,7 +120,8 @@ def main():
                 r = table[("namedax", c, n, b)]
                 print(f"{c:<13}{n:>3}{human(b):>9}{mine * 1e6:>12.1f} us{r['bus_GBps']:>10.3f}"
                       f"{fmt(ratio(t('hand_threads', c, n, b), mine), 10)}{fmt(ratio(t('memory_bound', c, n, b), mine), 10)}"
-                      f"{fmt(ratio(t('openmpi', c, n, b), mine), 9)}{fmt(ratio(t('openmpi_hugetlb', c, n, b), mine), 9)}")
+                      f"{fmt(ratio(t('openmpi', c, n, b), mine), 9)}{fmt(ratio(t('openmpi_hugetlb', c, n, b), mine), 9)}"
+                      f"{fmt(ratio(t('gloo', c, n, b), mine), 9)}")
 
     vcases = sorted({r["collective"] for r in rows if r["collective"].startswith("vmap_")})
     if vcases:
@@ -155,6 +163,13 @@ def main():
             for b in (MIB, 16 * MIB):
                 target(f"device {c} N={n} {human(b)}: bus bandwidth / OpenMPI {MPI_NAMES[c]} np={n}",
                        ratio(best_mpi(c, n, b), t("namedax", c, n, b)), 1.5, note="the faster of plain and hugetlb")
+    # PyTorch's gloo collectives (torch.distributed, one process per rank): namedax must be faster.
+    for c in DEVICE_COLLECTIVES:
+        for n in (2, 4):
+            for b in (4, MIB, 16 * MIB):
+                target(f"device {c} N={n} {human(b)}: gloo {TORCH_NAMES[c]} time / namedax time",
+                       ratio(t("gloo", c, n, b), t("namedax", c, n, b)), 1.0,
+                       note="gloo has no reduce_scatter in PyTorch 1.13" if c == "psum_scatter" else "")
     for c in ("vmap_psum_first", "vmap_psum_last", "vmap_pmax_first", "vmap_pmax_last"):
         r = next((x for x in rows if x["collective"] == c and x["impl"] == "namedax"), None)
         n, b = (r["devices"], r["bytes"]) if r else (0, 0)

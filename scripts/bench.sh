@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The collective benchmark suite: builds the benchmark programs in build-bench/ (Release), runs
-# OpenMPI's collectives with mpirun (plain, then with glibc's huge-page malloc), namedax's
-# device-mode and vectorized-mode collectives with their in-process baselines, and prints every
+# OpenMPI's collectives with mpirun (plain, then with glibc's huge-page malloc), PyTorch's gloo
+# collectives for N = 2 and 4 (benchmarks/torch_collectives.py), namedax's device-mode and
+# vectorized-mode collectives with their in-process baselines, and prints every
 # case with its same-run ratios and the target lines of the performance issue. Results go to
 # build-bench/results/ (raw CSVs, bench.csv, targets.csv, summary.json, output.txt).
 #
@@ -10,7 +11,9 @@
 #   bash scripts/bench.sh --docs     the whole suite, then the plots and the CSV in docs/performance/
 #
 # OpenMPI (libopenmpi-dev, openmpi-bin) is installed by scripts/setup.sh; where CMake finds no
-# MPI the MPI baselines are left out and their target lines say "no data". Last, the overhead
+# MPI the MPI baselines are left out and their target lines say "no data". PyTorch (Debian's
+# python3-torch) is installed here when missing and the script runs as root; without it the gloo
+# baselines are left out the same way. Last, the overhead
 # of namedax over MPI against the raw MPI calls (benchmarks/mpi_overhead.cpp), with namedax's
 # per-call agreement on and off. Also the local reductions (benchmarks/local_ops.cpp) and the
 # contractions through OpenBLAS (benchmarks/contractions.cpp), each against same-run baselines, and a
@@ -97,6 +100,46 @@ start=$(date +%s)
     rm -f "$results/mpi_run.csv"
   else
     echo "OpenMPI not available: the MPI baselines are left out"
+  fi
+
+  # PyTorch's gloo collectives (benchmarks/torch_collectives.py), N = 2 and 4 of the device
+  # list, one launch per N with all collectives and sizes. Debian's python3-torch goes into the
+  # system Python, which may not be the first python3 on the PATH.
+  echo
+  torch_python=""
+  find_torch() {
+    for p in python3 /usr/bin/python3; do
+      if command -v "$p" >/dev/null && "$p" -c 'import torch' 2>/dev/null; then torch_python="$p"; return 0; fi
+    done
+    return 1
+  }
+  if ! find_torch && [ "$(id -u)" -eq 0 ]; then
+    echo "installing python3-torch (PyTorch for the gloo baselines)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-torch; } \
+      >/dev/null || true
+    find_torch || true
+  fi
+  if [ -n "$torch_python" ]; then
+    torch_version=$("$torch_python" -c 'import torch; print(torch.__version__)')
+    echo "PyTorch $torch_version gloo (a process per rank, TCP over loopback): one launch per N, all collectives and sizes"
+    echo "impl,collective,devices,bytes,actual_bytes,seconds" >"$results/gloo.csv"
+    for n in ${devices//,/ }; do
+      [ "$n" -eq 2 ] || [ "$n" -eq 4 ] || continue
+      if ! timeout 1800 "$torch_python" benchmarks/torch_collectives.py --np "$n" --sizes "$sizes" \
+        --collectives "${collectives// /,}" --gather-cap-mib "$gather_cap_mib" >"$results/gloo_run.csv"; then
+        echo "  gloo np=$n: failed or timed out; the sizes it printed are kept"
+      fi
+      cat "$results/gloo_run.csv" >>"$results/gloo.csv"
+      awk -F, '
+        BEGIN { call["psum"] = "all_reduce"; call["all_gather"] = "all_gather";
+                call["psum_scatter"] = "all_reduce + slice"; call["all_to_all"] = "all_to_all_single";
+                call["ppermute"] = "irecv/isend ring" }
+        { printf "  %-13s np=%-2s gloo %-22s %10s B  %12.2f us\n", $2, $3, call[$2], $4, $6 * 1e6 }' \
+        "$results/gloo_run.csv"
+    done
+    rm -f "$results/gloo_run.csv"
+  else
+    echo "PyTorch not available: the gloo baselines are left out"
   fi
 
   echo
