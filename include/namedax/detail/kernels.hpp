@@ -449,8 +449,15 @@ void fold_members(std::span<const T* const> members, std::span<const std::size_t
                   Op op) {
   if (members.empty()) return;
   const std::span<const std::ptrdiff_t> layouts[] = {out_strides, in_strides};
-  const auto nest = output_order<2>(shape, layouts);
+  auto nest = output_order<2>(shape, layouts);
   if (nest.empty) return;
+  // A line of a few elements innermost (a vectorized axis inside the one folded, which parts
+  // the other dims): lines along the dim outside it instead, long ones, so that the work per
+  // line is not a handful of elements. Each element still folds its members in one order.
+  if (const std::size_t d = nest.shape.size(); d >= 2 && nest.shape[d - 1] <= 4 && nest.shape[d - 2] > nest.shape[d - 1]) {
+    std::swap(nest.shape[d - 1], nest.shape[d - 2]);
+    for (auto& s : nest.strides) std::swap(s[d - 1], s[d - 2]);
+  }
   const auto &nest_out = nest.strides[0], &nest_in = nest.strides[1];
   const auto spacing = even_spacing(members);
   const T* first = members.front();

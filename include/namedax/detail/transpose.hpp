@@ -282,33 +282,34 @@ auto dot_transpose(std::string_view verb, const C& ct, const V& v, std::size_t u
   };
   const auto uf = free_dims(u_rank, uc, ub), vf = free_dims(v_rank, vc, vb);
   const std::size_t nb = ub.size();
-  // ct's dims: batch, then the lhs's free dims, then the rhs's.
-  const std::size_t v_free_start = u_is_rhs ? nb : nb + uf.size();
-  const std::size_t u_free_start = u_is_rhs ? nb + vf.size() : nb;
-  dimension_pairs ct_contract, ct_batch;
+  // ct's dims: batch, then the lhs's free dims, then the rhs's. ct is contracted with v over
+  // v's free dims and batched over the batch dims, in the operand order that leaves ct's dims
+  // where they are (ct first when u is the lhs, v first when it is the rhs): the product's dims
+  // are then the batch dims, then u's free and contracted dims (u's free dims last when u is
+  // the rhs), and gemm reads either operand transposed in place, so that neither is copied.
+  const std::size_t ct_vf_start = u_is_rhs ? nb : nb + uf.size();
+  dimension_pairs vf_pairs, batch_pairs;  // (ct's dims, v's dims)
   for (std::size_t k = 0; k < vf.size(); ++k)
-    ct_contract.first.push_back(static_cast<int>(nb + uf.size() + k)), ct_contract.second.push_back(static_cast<int>(vf[k]));
+    vf_pairs.first.push_back(static_cast<int>(ct_vf_start + k)), vf_pairs.second.push_back(static_cast<int>(vf[k]));
   for (std::size_t k = 0; k < nb; ++k)
-    ct_batch.first.push_back(static_cast<int>(k)), ct_batch.second.push_back(static_cast<int>(vb[k]));
-  // ct's free dims are u's (in order) when u is the lhs; when u is the rhs they come after
-  // v's, so move them to the front.
-  std::vector<int> order;
-  for (std::size_t k = 0; k < nb; ++k) order.push_back(static_cast<int>(k));
-  for (std::size_t k = 0; k < uf.size(); ++k) order.push_back(static_cast<int>(u_free_start + k));
-  for (std::size_t k = 0; k < vf.size(); ++k) order.push_back(static_cast<int>(v_free_start + k));
-  auto ct_ordered = permute_positional(verb, ct, order);
-  // The product's dims: batch, u's free dims, then v's remaining dims, which are the ones
-  // contracted with u, in v's order.
-  auto product = local_dot(verb, ct_ordered, v, ct_contract, ct_batch);
+    batch_pairs.first.push_back(static_cast<int>(k)), batch_pairs.second.push_back(static_cast<int>(vb[k]));
+  const auto swapped = [](const dimension_pairs& p) { return dimension_pairs{p.second, p.first}; };
+  auto product = u_is_rhs ? local_dot(verb, v, ct, swapped(vf_pairs), swapped(batch_pairs))
+                          : local_dot(verb, ct, v, vf_pairs, batch_pairs);
+  // v's dims left in the product are the ones contracted with u, in v's order.
   std::vector<std::size_t> v_contracted_sorted = vc;
   std::sort(v_contracted_sorted.begin(), v_contracted_sorted.end());
+  const std::size_t contracted_start = u_is_rhs ? nb : nb + uf.size(), free_start = u_is_rhs ? nb + uc.size() : nb;
   std::vector<int> perm(u_rank);
   for (std::size_t k = 0; k < nb; ++k) perm[ub[k]] = static_cast<int>(k);
-  for (std::size_t k = 0; k < uf.size(); ++k) perm[uf[k]] = static_cast<int>(nb + k);
+  for (std::size_t k = 0; k < uf.size(); ++k) perm[uf[k]] = static_cast<int>(free_start + k);
   for (std::size_t k = 0; k < uc.size(); ++k) {
     const auto at = std::find(v_contracted_sorted.begin(), v_contracted_sorted.end(), vc[k]) - v_contracted_sorted.begin();
-    perm[uc[k]] = static_cast<int>(nb + uf.size() + static_cast<std::size_t>(at));
+    perm[uc[k]] = static_cast<int>(contracted_start + static_cast<std::size_t>(at));
   }
+  bool in_order = true;
+  for (std::size_t k = 0; k < perm.size(); ++k) in_order = in_order && perm[k] == static_cast<int>(k);
+  if (in_order) return product;
   return permute_positional(verb, product, perm);
 }
 
