@@ -80,7 +80,8 @@ def main():
         print(__doc__)
         return 2
     out_dir = sys.argv[1]
-    raw = sys.argv[2:] or [os.path.join(out_dir, f) for f in ("device.csv", "vectorized.csv", "mpi.csv", "gloo.csv")]
+    raw = sys.argv[2:] or [os.path.join(out_dir, f) for f in ("device.csv", "vectorized.csv", "mpi.csv", "gloo.csv",
+                                                                  "training.csv", "torch_training.csv")]
     rows = load(raw)
     table = {(r["impl"], r["collective"], r["devices"], r["bytes"]): r for r in rows}
 
@@ -122,6 +123,18 @@ def main():
                       f"{fmt(ratio(t('hand_threads', c, n, b), mine), 10)}{fmt(ratio(t('memory_bound', c, n, b), mine), 10)}"
                       f"{fmt(ratio(t('openmpi', c, n, b), mine), 9)}{fmt(ratio(t('openmpi_hugetlb', c, n, b), mine), 9)}"
                       f"{fmt(ratio(t('gloo', c, n, b), mine), 9)}")
+
+    steps = [r for r in rows if r["collective"].endswith("_step")]
+
+    def training_bytes(step):
+        r = next((x for x in steps if x["collective"] == step and x["impl"].startswith("namedax")), None)
+        return r["bytes"] if r else 0
+
+    if steps:
+        print("\n== one training step on a 2 x 2 mesh (forward, grad, SGD update), float32 ==")
+        for step in ("mlp_step", "transformer_step"):
+            for r in (x for x in steps if x["collective"] == step):
+                print(f"{step:<18}{r['impl']:<24}{r['seconds'] * 1e3:>10.2f} ms")
 
     vcases = sorted({r["collective"] for r in rows if r["collective"].startswith("vmap_")})
     if vcases:
@@ -193,6 +206,14 @@ def main():
         n, b = (r["devices"], r["bytes"]) if r else (0, 0)
         target(f"{c} {human(b)} into a preallocated output: hand loop time / namedax time",
                ratio(t("hand_loop", c, n, b), t("namedax_into", c, n, b)), 0.8)
+    # One training step (training_step.cpp) against PyTorch's eager mode at the same thread
+    # count (torch_training_step.py): the mesh's 4 device threads against 4 PyTorch threads,
+    # the vectorized mesh on one thread against one.
+    for step in ("mlp_step", "transformer_step"):
+        for mine, theirs, what in (("namedax_devices", "torch_eager_4t", "on 4 device threads / PyTorch eager, 4 threads"),
+                                   ("namedax_vectorized_1t", "torch_eager_1t", "vectorized, 1 thread / PyTorch eager, 1 thread")):
+            target(f"{step} (forward, grad, SGD) 2 x 2 mesh {what}: PyTorch time / namedax time",
+                   ratio(t(theirs, step, 4, training_bytes(step)), t(mine, step, 4, training_bytes(step))), 1.0)
     targets.append({"target": "a second call of the same device collective performs no heap allocation",
                     "ratio": None, "threshold": None, "comparison": "",
                     "status": "met (asserted by tests/test_memory.cpp: 0 allocations per call)", "note": ""})
