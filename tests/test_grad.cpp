@@ -6,7 +6,8 @@
 // pmax/pmin and of the local extremes, prod and cumprod at zeros (exact, against naive loops),
 // digamma at known values (lgamma's and tgamma's derivatives), nan_to_num at NaN and the
 // infinities, constants (pargmax, integers, bools, stop_gradient),
-// grad outside any map, pytrees, value_and_grad, vjp, the options argnums and has_aux,
+// grad outside any map (of arrays, and outside a map of strided views, transposes, lazy
+// expressions and of size 0), pytrees, value_and_grad, vjp, the options argnums and has_aux,
 // checkpoint (the same gradient, the forward run again), jvp (the closed form and the
 // dot-product identity with vjp), the error of a non-scalar result and
 // of a cotangent of another shape, and nested derivatives (an error until they are supported).
@@ -1008,5 +1009,33 @@ TEST_SUITE("grad") {
     // A scalar result: the Jacobian is the gradient.
     auto total = [](const auto& v) { return namedax::sum(namedax::square(v)); };
     CHECK_BITWISE(xt::xarray<double>(namedax::jacrev(total)(x)), xt::xarray<double>(namedax::grad(total)(x)));
+  }
+
+  TEST_CASE("grad outside a map of strided views, a transpose and a lazy expression; a map of size 0") {
+    // f(w) = sum over the map of sum(row^2): its gradient is 2 w whatever w's layout, and the
+    // map takes a view of the caller's memory where the argument is one.
+    auto summed_squares = [](auto map) {
+      return [map](const auto& w) { return namedax::sum(map([](const auto& r) { return namedax::sum(r * r); })(w)); };
+    };
+    const auto by_vmap = summed_squares([](auto f) { return namedax::vmap<"i">(f); });
+    const auto by_pmap = summed_squares([](auto f) { return namedax::pmap<"i">(f); });
+    const xt::xarray<double> x = {{1., 2., 3.}, {4., 5., 6.}, {7., 8., 9.}, {10., 11., 12.}};
+    const auto every_other_row = xt::view(x, xt::range(0, 4, 2), xt::all());
+    const xt::xarray<double> rows_expected = {{2., 4., 6.}, {14., 16., 18.}};
+    check_exact("strided rows, vmap", xt::xarray<double>(namedax::grad(by_vmap)(every_other_row)), rows_expected);
+    CHECK_BITWISE(xt::xarray<double>(namedax::grad(by_pmap)(every_other_row)),
+                  xt::xarray<double>(namedax::grad(by_vmap)(every_other_row)));
+    const auto columns_first = xt::transpose(x);  // a column-major view
+    check_exact("transposed, pmap", xt::xarray<double>(namedax::grad(by_pmap)(columns_first)),
+                xt::xarray<double>(2.0 * xt::transpose(x)));
+    const auto doubled = x * 2.0;  // an unevaluated expression
+    check_exact("lazy, vmap", xt::xarray<double>(namedax::grad(by_vmap)(doubled)), xt::xarray<double>(4.0 * x));
+    // A map of size 0: vmap gives the empty gradient; pmap has no device to run on, an error
+    // naming it, as in the forward direction.
+    const xt::xarray<double> none = xt::zeros<double>({0, 3});
+    const xt::xarray<double> empty = namedax::grad(by_vmap)(none);
+    CHECK(std::vector<std::size_t>(empty.shape().begin(), empty.shape().end()) == std::vector<std::size_t>{0, 3});
+    CHECK_THROWS_WITH_AS(namedax::grad(by_pmap)(none), doctest::Contains("pmap<\"i\">: cannot map over zero devices"),
+                         namedax::error);
   }
 }
