@@ -281,10 +281,12 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
 
   const blas_one_thread one_thread;
   if (a.in_place() && b.in_place() && (c_in_place || scatter_strips)) {
-    // Nothing shared to pack: every strip of every item is a task of its own.
+    // Nothing shared to pack: every strip of every item is a task of its own. A strip's items
+    // are consecutive tasks, so that where they interleave in the output (a vmap's lanes are
+    // its innermost dims) their scatters fill lines still in cache.
     for_each_task(items * strips, on_device, [&](std::size_t task) {
-      const auto o = offsets(task / strips);
-      strip(o[2], task % strips, x + o[0], y + o[1]);
+      const auto o = offsets(task % items);
+      strip(o[2], task / items, x + o[0], y + o[1]);
     });
     return;
   }
