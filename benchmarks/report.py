@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """Joins the raw CSV files of one benchmark run (device_collectives, vectorized_collectives,
-mpi_baseline, torch_collectives), prints every case with its ratios to the baselines of the
-same run and the target lines of the performance issue with "met" or "missed", and writes:
+mpi_baseline, torch_collectives, training_step, torch_training_step), prints every case with
+its ratios to the baselines of the same run and the target lines of the performance issue
+with "met" or "missed", and writes:
 
   bench.csv     every measurement with its bus bandwidth (the input of plot.py)
   targets.csv   one row per target line
