@@ -11,6 +11,7 @@
 #include <namedax/detail/compilation.hpp>
 #include <namedax/structure.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <numeric>
 #include <optional>
@@ -185,10 +186,14 @@ auto permute_positional(std::string_view verb, const X& x, const std::vector<int
   require_named_cotangent<X>();
   using T = typename X::value_type;
   using Env = typename X::env_type;
+  const std::size_t rank = x.dimension();
+  const auto p = checked_permutation(verb, perm, rank);
+  // The identity on an array of the result's type: x itself, since values never write the
+  // arrays they share.
+  if constexpr (std::is_same_v<X, named<shared_array<T>, Env, X::varying>>)
+    if (std::is_sorted(p.begin(), p.end())) return x;
   xt::xarray<T> storage;
   strided_block<T> b = block_in_memory<T>(x.payload(), storage);
-  const std::size_t rank = b.shape.size() - Env::vectorized_count;
-  const auto p = checked_permutation(verb, perm, rank);
   strided_block<T> view{b.data, {}, {}};
   for (std::size_t k = 0; k < b.shape.size(); ++k) {
     const std::size_t from = k < rank ? p[k] : k;
@@ -307,10 +312,7 @@ auto dot_transpose(std::string_view verb, const C& ct, const V& v, std::size_t u
     const auto at = std::find(v_contracted_sorted.begin(), v_contracted_sorted.end(), vc[k]) - v_contracted_sorted.begin();
     perm[uc[k]] = static_cast<int>(contracted_start + static_cast<std::size_t>(at));
   }
-  bool in_order = true;
-  for (std::size_t k = 0; k < perm.size(); ++k) in_order = in_order && perm[k] == static_cast<int>(k);
-  if (in_order) return product;
-  return permute_positional(verb, product, perm);
+  return permute_positional(verb, product, perm);  // into u's order; no copy when already in it
 }
 
 #if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
