@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // One training step (forward, namedax::value_and_grad, an SGD update of every parameter) of a
 // tensor-parallel MLP and of a transformer block (multi-head self-attention, then an MLP, each
-// after a layer norm and with a residual connection), in float32, on a 2 x 2 mesh: the batch split over "data", the MLP's hidden units and the heads
-// over "model" (Megatron-style), the loss a pmean over "data". The same shard_map runs on
+// after a layer norm and with a residual connection), in float32, on a 2 x 2 mesh: the batch
+// split over "data", the MLP's hidden units and the heads over "model" (Megatron-style), the
+// loss a pmean over "data". The same shard_map runs on
 // 4 device threads (a mesh of devices) and vectorized on one thread (a mesh of vectorized axes,
 // OpenBLAS and oneTBB limited to one thread). benchmarks/torch_training_step.py times the same
 // steps, the model whole, in PyTorch's eager mode with autograd; scripts/bench.sh prints the
