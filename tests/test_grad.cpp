@@ -9,8 +9,11 @@
 // grad outside any map (of arrays, and outside a map of strided views, transposes, lazy
 // expressions and of size 0), pytrees, value_and_grad, vjp, the options argnums and has_aux,
 // checkpoint (the same gradient, the forward run again), jvp (the closed form and the
-// dot-product identity with vjp), the error of a non-scalar result and
-// of a cotangent of another shape, and nested derivatives (an error until they are supported).
+// dot-product identity with vjp), pgather (names and positional axes in either order, indices
+// out of range) and ragged_all_to_all (operand and output) against closed forms, custom_vjp
+// and custom_jvp (the user's rule is the one used, with collectives in it, in vmap and pmap
+// and through a map; a fault in the backward map), the error of a non-scalar result and of a
+// cotangent of another shape, and nested derivatives (an error until they are supported).
 //
 // One generic checker serves every rule: a family of rules is one function `f(x, c, op)` that
 // picks the rule by the runtime number `op`, so each family is compiled once per placement.
@@ -865,6 +868,256 @@ TEST_SUITE("grad") {
     // A tangent of another shape than its primal.
     CHECK(error_of([&] { (void)namedax::jvp(g, std::tuple{x, w}, std::tuple{t, xt::xarray<double>({1.0, 2.0})}); })
               .find("namedax::jvp: the tangent of argument 1 has shape (2,) but its primal has shape (4, 3)") != std::string::npos);
+  }
+
+  TEST_CASE("grad of pgather: each cotangent added to the element it read, names and positional axes, vmap and pmap") {
+    std::mt19937 rng(40);
+    const xt::xarray<double> x = uniform(rng, {4, 3}, -1, 1);
+    const xt::xarray<double> c = uniform(rng, {4, 2, 3}, -1, 1);
+    const xt::xarray<double> c_flat = uniform(rng, {4, 2}, -1, 1);
+    // Indices out of range (5, -1, 12, 13) read the fill value and send nothing back.
+    const xt::xarray<int> ids = {{3, 0}, {1, 1}, {2, 5}, {-1, 3}};
+    const xt::xarray<int> flat_ids = {{11, 0}, {4, 4}, {-1, 12}, {7, 13}};
+    auto by_name = [](const auto& a, const auto& id, const auto& ct) {
+      return namedax::grad([&](const auto& p) {
+        return namedax::psum(namedax::sum(namedax::pgather(p, id, "i"_ax) * ct), "i"_ax);
+      })(a);
+    };
+    auto name_then_dim = [](const auto& a, const auto& id, const auto& ct) {
+      return namedax::grad([&](const auto& p) {
+        return namedax::psum(namedax::sum(namedax::pgather(p, id, namedax::axes("i"_ax, 0)) * ct), "i"_ax);
+      })(a);
+    };
+    auto dim_then_name = [](const auto& a, const auto& id, const auto& ct) {
+      return namedax::grad([&](const auto& p) {
+        return namedax::psum(namedax::sum(namedax::pgather(p, id, namedax::axes(0, "i"_ax)) * ct), "i"_ax);
+      })(a);
+    };
+    xt::xarray<double> expected_rows = xt::zeros<double>({4, 3});
+    xt::xarray<double> expected_name_dim = xt::zeros<double>({4, 3});
+    xt::xarray<double> expected_dim_name = xt::zeros<double>({4, 3});
+    for (std::size_t e = 0; e < 4; ++e)
+      for (std::size_t k = 0; k < 2; ++k) {
+        const int r = ids(e, k);
+        if (r >= 0 && r < 4) xt::row(expected_rows, r) += xt::view(c, e, k, xt::all());
+        const int f = flat_ids(e, k);
+        if (f >= 0 && f < 12) {
+          expected_name_dim(f / 3, f % 3) += c_flat(e, k);  // f = i * 3 + position
+          expected_dim_name(f % 4, f / 4) += c_flat(e, k);  // f = position * 4 + i
+        }
+      }
+    const xt::xarray<double> v1 = namedax::vmap<"i">(by_name)(x, ids, c);
+    const xt::xarray<double> p1 = namedax::pmap<"i">(by_name)(x, ids, c);
+    check_exact("pgather over a name", v1, expected_rows);
+    CHECK_BITWISE(v1, p1);
+    const xt::xarray<double> v2 = namedax::vmap<"i">(name_then_dim)(x, flat_ids, c_flat);
+    const xt::xarray<double> p2 = namedax::pmap<"i">(name_then_dim)(x, flat_ids, c_flat);
+    check_exact("pgather over axes(\"i\", 0)", v2, expected_name_dim);
+    CHECK_BITWISE(v2, p2);
+    const xt::xarray<double> v3 = namedax::vmap<"i">(dim_then_name)(x, flat_ids, c_flat);
+    const xt::xarray<double> p3 = namedax::pmap<"i">(dim_then_name)(x, flat_ids, c_flat);
+    check_exact("pgather over axes(0, \"i\")", v3, expected_dim_name);
+    CHECK_BITWISE(v3, p3);
+    // The forward value is pgather's own.
+    auto gathered = [](const auto& a, const auto& id) {
+      return namedax::vjp([&](const auto& p) { return namedax::pgather(p, id, "i"_ax); }, a).first;
+    };
+    auto plain = [](const auto& a, const auto& id) { return namedax::pgather(a, id, "i"_ax); };
+    CHECK_BITWISE(namedax::vmap<"i">(gathered)(x, ids), namedax::vmap<"i">(plain)(x, ids));
+    // Outside any map, over a positional dim: a lookup of rows.
+    const xt::xarray<int> rows = {2, 0, 2};
+    const xt::xarray<double> g_rows = namedax::grad([&](const auto& p) {
+      return namedax::sum(namedax::pgather(p, rows, namedax::axes(0)));
+    })(x);
+    xt::xarray<double> expected_counts = xt::zeros<double>({4, 3});
+    xt::row(expected_counts, 0) += 1.0;
+    xt::row(expected_counts, 2) += 2.0;
+    check_exact("pgather over a positional dim outside maps", g_rows, expected_counts);
+  }
+
+  TEST_CASE("grad of ragged_all_to_all: rows sent back in the operand, unwritten rows in the output, vmap and pmap") {
+    // JAX's example (two indices along "i", each row a scalar): index 0 sends its row 0 to
+    // row 0 of index 0 and its rows 1-2 to rows 0-1 of index 1; index 1 sends its row 0 to
+    // row 1 of index 0 and its row 1 to row 2 of index 1.
+    const xt::xarray<double> operand = {{1, 2, 2}, {3, 4, 0}};
+    const xt::xarray<double> output = xt::zeros<double>({2, 4});
+    const xt::xarray<int> input_offsets = {{0, 1}, {0, 1}}, send_sizes = {{1, 2}, {1, 1}};
+    const xt::xarray<int> output_offsets = {{0, 0}, {1, 2}}, recv_sizes = {{1, 1}, {2, 1}};
+    const xt::xarray<double> c = {{10, 11, 12, 13}, {20, 21, 22, 23}};
+    auto grads = [](const auto& x, const auto& o, const auto& io, const auto& ss, const auto& oo, const auto& rs,
+                    const auto& ct) {
+      return namedax::grad(
+          [&](const auto& p, const auto& q) {
+            return namedax::psum(namedax::sum(namedax::ragged_all_to_all(p, q, io, ss, oo, rs, "i"_ax) * ct), "i"_ax);
+          },
+          namedax::argnums<0, 1>)(x, o);
+    };
+    const auto [v_operand, v_output] =
+        namedax::vmap<"i">(grads)(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, c);
+    const auto [p_operand, p_output] =
+        namedax::pmap<"i">(grads)(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, c);
+    // Each operand row gets the cotangent of the row it landed in; a row not sent gets 0.
+    const xt::xarray<double> expected_operand = {{10, 20, 21}, {11, 22, 0}};
+    // Each output row a sender wrote gets 0, the others their cotangent.
+    const xt::xarray<double> expected_output = {{0, 0, 12, 13}, {0, 0, 0, 23}};
+    check_exact("ragged_all_to_all: operand", v_operand, expected_operand);
+    check_exact("ragged_all_to_all: output", v_output, expected_output);
+    CHECK_BITWISE(v_operand, p_operand);
+    CHECK_BITWISE(v_output, p_output);
+  }
+
+  TEST_CASE("custom_vjp and custom_jvp: the user's derivative is used, outside and inside maps, every placement") {
+    std::mt19937 rng(39);
+    const xt::xarray<double> x = uniform(rng, {4, 3}, -1, 1);
+    const xt::xarray<double> w = uniform(rng, {4, 3}, 0.5, 2);
+    // sin with its cosine kept by fwd: the gradient of the plain function, bit for bit.
+    std::atomic<int> f_calls{0}, fwd_calls{0}, bwd_calls{0};
+    auto sine = namedax::custom_vjp(
+        [&](const auto& a) {
+          ++f_calls;
+          return namedax::sin(a);
+        },
+        [&](const auto& a) {
+          ++fwd_calls;
+          return std::pair{namedax::sin(a), namedax::cos(a)};
+        },
+        [&](const auto& cosine, const auto& ct) {
+          ++bwd_calls;
+          return std::tuple{ct * cosine};
+        });
+    const xt::xarray<double> g_sine = namedax::grad([&](const auto& a) { return namedax::sum(sine(a) * w); })(x);
+    const xt::xarray<double> g_plain = namedax::grad([&](const auto& a) { return namedax::sum(namedax::sin(a) * w); })(x);
+    CHECK_BITWISE(g_sine, g_plain);
+    CHECK(f_calls == 0);  // under a derivative fwd computes the result
+    CHECK(fwd_calls == 1);
+    CHECK(bwd_calls == 1);
+    // Outside any derivative, f alone runs.
+    const xt::xarray<double> y_sine = namedax::vmap<"i">(sine)(x);
+    CHECK_BITWISE(y_sine, xt::xarray<double>(xt::sin(x)));
+    CHECK(f_calls == 1);
+    CHECK(fwd_calls == 1);
+    CHECK(bwd_calls == 1);
+
+    // jax's clip_gradient: the identity forward, the cotangent clipped backward; the bounds are
+    // constants (their cotangents ignored), the rule is the user's, not the identity's.
+    auto clip_gradient = namedax::custom_vjp([](double lo, double hi, const auto& a) { return a * 1.0; },
+                                             [](double lo, double hi, const auto& a) {
+                                               return std::pair{a * 1.0, std::pair{lo, hi}};
+                                             },
+                                             [](const auto& bounds, const auto& ct) {
+                                               return std::tuple{0.0, 0.0, namedax::clip(ct, bounds.first, bounds.second)};
+                                             });
+    const xt::xarray<double> g_clipped =
+        namedax::grad([&](const auto& a) { return namedax::sum(clip_gradient(-1.0, 1.0, a) * w); })(x);
+    check_exact("clip_gradient", g_clipped, xt::clip(w, -1.0, 1.0));
+    // One argument's cotangent may be returned alone.
+    auto doubled = namedax::custom_vjp([](const auto& a) { return a * 1.0; },
+                                       [](const auto& a) { return std::pair{a * 1.0, 0}; },
+                                       [](int, const auto& ct) { return ct * 2.0; });
+    check_exact("a cotangent alone",
+                namedax::grad([&](const auto& a) { return namedax::sum(doubled(a)); })(x), xt::full_like(x, 2.0));
+
+    // A collective in f, fwd and bwd: y = x psum(x); dL/dx_j = c_j S + psum(c x) with S the
+    // psum. In vmap and pmap bit for bit, and against the plain function's gradient.
+    auto scaled = [](const auto& a) { return a * namedax::psum(a, "i"_ax); };
+    auto custom_scaled = namedax::custom_vjp(
+        scaled,
+        [](const auto& a) {
+          auto s = namedax::eval(namedax::psum(a, "i"_ax));
+          return std::pair{a * s, std::pair{a, s}};
+        },
+        [](const auto& kept, const auto& ct) {
+          const auto& [a, s] = kept;
+          return std::tuple{ct * s + namedax::psum(ct * a, "i"_ax)};
+        });
+    auto grad_in_map = [](const auto& g) {
+      return [g](const auto& a, const auto& c) {
+        return namedax::grad([&](const auto& p) { return namedax::psum(namedax::sum(g(p) * c), "i"_ax); })(a);
+      };
+    };
+    const xt::xarray<double> cv = namedax::vmap<"i">(grad_in_map(custom_scaled))(x, w);
+    const xt::xarray<double> cp = namedax::pmap<"i">(grad_in_map(custom_scaled))(x, w);
+    const xt::xarray<double> pv = namedax::vmap<"i">(grad_in_map(scaled))(x, w);
+    CHECK_BITWISE(cv, cp);
+    check_exact("custom_vjp with collectives", cv, pv);
+    // grad outside the map: the map's pullback runs the user's bwd on every index.
+    auto through_map = [&](const auto& g) {
+      return [&, g](const auto& a) { return namedax::sum(namedax::vmap<"i">([&](const auto& p, const auto& c) {
+                                      return namedax::psum(namedax::sum(g(p) * c), "i"_ax);
+                                    }, std::tuple{0, 0}, namedax::none)(a, w)); };
+    };
+    check_exact("custom_vjp, grad outside vmap", namedax::grad(through_map(custom_scaled))(x), cv);
+
+    // custom_jvp: the tangent map's transpose is the pullback. A rule that is not the true
+    // derivative (2 t for the identity) shows it is the one used.
+    auto twice = namedax::custom_jvp([](const auto& a) { return a * 1.0; },
+                                     [](const auto& p, const auto& t) {
+                                       return std::pair{std::get<0>(p) * 1.0, std::get<0>(t) * 2.0};
+                                     });
+    check_exact("custom_jvp's own rule", namedax::grad([&](const auto& a) { return namedax::sum(twice(a) * w); })(x),
+                2.0 * w);
+    auto cube = namedax::custom_jvp([](const auto& a) { return a * a * a; },
+                                    [](const auto& p, const auto& t) {
+                                      const auto& [a] = p;
+                                      return std::pair{a * a * a, 3.0 * a * a * std::get<0>(t)};
+                                    });
+    check_exact("custom_jvp of x^3", namedax::grad([&](const auto& a) { return namedax::sum(cube(a) * w); })(x),
+                3.0 * x * x * w);
+    const xt::xarray<double> t = uniform(rng, {4, 3}, -1, 1);
+    const auto [cube_value, cube_tangent] = namedax::jvp(cube, std::tuple{x}, std::tuple{t});
+    const xt::xarray<double> cube_t = cube_tangent.payload(), cube_y = cube_value.payload();
+    check_exact("jvp of a custom_jvp function", cube_t, 3.0 * x * x * t);
+    check_exact("its value", cube_y, x * x * x);
+    // A collective in the tangent map: psum's transpose found by reverse mode, in vmap and pmap.
+    auto custom_psum = namedax::custom_jvp([](const auto& a) { return namedax::psum(a, "i"_ax); },
+                                           [](const auto& p, const auto& t) {
+                                             return std::pair{namedax::psum(std::get<0>(p), "i"_ax),
+                                                              namedax::psum(std::get<0>(t), "i"_ax)};
+                                           });
+    auto plain_psum = [](const auto& a) { return namedax::psum(a, "i"_ax); };
+    auto grad_of_psum = [](const auto& g) {
+      return [g](const auto& a, const auto& c) {
+        return namedax::grad([&](const auto& p) { return namedax::sum(namedax::sin(g(p * c))); })(a);
+      };
+    };
+    const xt::xarray<double> jv = namedax::vmap<"i">(grad_of_psum(custom_psum))(x, w);
+    const xt::xarray<double> jp = namedax::pmap<"i">(grad_of_psum(custom_psum))(x, w);
+    const xt::xarray<double> jq = namedax::vmap<"i">(grad_of_psum(plain_psum))(x, w);
+    CHECK_BITWISE(jv, jp);
+    CHECK_BITWISE(jv, jq);
+
+    // A fault in the backward pass: one device's bwd throws while the others wait in the psum
+    // of theirs. Every device leaves, none hangs, and pmap rethrows the exception, with grad
+    // inside the map and in the backward map of grad outside it.
+    std::atomic<int> backward_calls{0};
+    auto failing = namedax::custom_vjp([](const auto& a) { return a * 1.0; },
+                                       [](const auto& a) { return std::pair{a * 1.0, 0}; },
+                                       [&](int, const auto& ct) {
+                                         if (backward_calls++ == 1) throw std::runtime_error("bwd failed");
+                                         return namedax::psum(ct, "i"_ax) * 1.0;
+                                       });
+    auto thrown = [](const auto& run) -> std::string {
+      try {
+        run();
+      } catch (const std::runtime_error& e) {
+        return e.what();
+      }
+      return "no error";
+    };
+    auto inside_pmap = [&](const auto& a, const auto& c) {
+      return namedax::grad([&](const auto& p) { return namedax::psum(namedax::sum(failing(p) * c), "i"_ax); })(a);
+    };
+    CHECK(thrown([&] { (void)namedax::pmap<"i">(inside_pmap)(x, w); }).find("bwd failed") != std::string::npos);
+    backward_calls = 0;
+    auto per_device = [&](const auto& p, const auto& c) { return namedax::sum(failing(p) * c); };
+    auto outside_pmap = [&](const auto& a) { return namedax::sum(namedax::pmap<"i">(per_device)(a, w)); };
+    CHECK(thrown([&] { (void)namedax::grad(outside_pmap)(x); }).find("bwd failed") != std::string::npos);
+    // The runtime is usable afterwards: the gradient without the fault, each row the psum of
+    // the cotangents (w's column sums).
+    backward_calls = 2;
+    const xt::xarray<double> recovered = namedax::grad(outside_pmap)(x);
+    const xt::xarray<double> column_sums = xt::broadcast(xt::sum(w, {0}), x.shape());
+    check_exact("after a fault in the backward map", recovered, column_sums);
   }
 
   TEST_CASE("vjp: a cotangent of another shape than the output is a namedax::error naming both shapes") {

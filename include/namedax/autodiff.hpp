@@ -89,6 +89,40 @@ auto checkpoint(F f) {
   return detail::ad::checkpointed<F>{std::move(f)};
 }
 
+/// `custom_vjp(f, fwd, bwd)` (jax.custom_vjp, then defvjp(fwd, bwd)): computes what f
+/// computes, with a pullback of the user's under grad, value_and_grad and vjp, in any map.
+/// `fwd(xs...)` returns `std::pair{f(xs...), residuals}` (residuals: anything bwd needs);
+/// `bwd(residuals, ct)` returns one cotangent per argument, a std::tuple (for one argument,
+/// the cotangent alone will do), each a named value, an array or a scalar that fits the
+/// argument as an operation's contribution does. Constants' cotangents are ignored. Outside
+/// any derivative f alone runs. Arguments as for checkpoint; f returns one named value.
+///   auto clipped = namedax::custom_vjp(
+///       [](auto x) { return x; },
+///       [](auto x) { return std::pair{x, 0}; },
+///       [](int, auto ct) { return namedax::clip(ct, -1., 1.); });  // clips the gradient
+template <class F, class Fwd, class Bwd>
+auto custom_vjp(F f, Fwd fwd, Bwd bwd) {
+  return detail::ad::custom_vjp_function<F, Fwd, Bwd>{std::move(f), std::move(fwd), std::move(bwd)};
+}
+
+/// `custom_jvp(f, jvp)` (jax.custom_jvp, then defjvp(jvp)): computes what f computes, with a
+/// derivative of the user's: `jvp(std::tuple{primals...}, std::tuple{tangents...})` returns
+/// `std::pair{f(primals...), tangent}`, the tangent linear in the tangents. Under grad,
+/// value_and_grad and vjp the pullback is the transpose of that linear map, found by reverse
+/// mode through the namedax operations it is written in (jax transposes it likewise), so it
+/// must be written in differentiable operations of the tangents. The pullback calls jvp
+/// again at the primals. Arguments as for checkpoint; f returns one named value.
+///   auto softplus = namedax::custom_jvp(
+///       [](auto x) { return namedax::log1p(namedax::exp(x)); },
+///       [](auto p, auto t) {
+///         auto [x] = p;
+///         return std::pair{namedax::log1p(namedax::exp(x)), namedax::sigmoid(x) * std::get<0>(t)};
+///       });
+template <class F, class Jvp>
+auto custom_jvp(F f, Jvp jvp) {
+  return detail::ad::custom_jvp_function<F, Jvp>{std::move(f), std::move(jvp)};
+}
+
 /// `jvp(f, std::tuple{primals...}, std::tuple{tangents...})`: `std::pair{f(primals...), J t}`,
 /// the derivative of f at the primals in the direction of the tangents (jax.jvp), each tangent
 /// of its primal's structure and shape. Outside maps, f returning one value (named, array or

@@ -364,11 +364,9 @@ struct pgather_fn {
   }
   template <class S, class I, AxisArgument A>
     requires Traced<S>
-  S operator()(const S& src, const I&, const A&) const {
-    static_assert(detail::has_derivative_rule<!Traced<S>>,
-                  "namedax::grad: pgather has no derivative rule yet; gather from namedax::stop_gradient(src), or "
-                  "express the lookup with take, take_along_axis or dynamic_slice, which have one");
-    return src;  // only the assertion above is reported
+  auto operator()(const S& src, const I& idx, const A& axes) const {
+    return detail::derivative<detail::rule::pgather, typename detail::dependent<S, pgather_fn>::type>::apply(
+        src, idx, detail::to_axis_list(axes));
   }
 };
 inline constexpr pgather_fn pgather{};

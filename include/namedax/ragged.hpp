@@ -45,6 +45,15 @@ struct ragged_all_to_all_fn {
     return detail::when_resolved(detail::ragged_all_to_all_op<ragged_all_to_all_fn, A>{axes, options.axis_index_groups},
                                  operand, output, input_offsets, send_sizes, output_offsets, recv_sizes);
   }
+  /// Under grad (detail/autodiff.hpp): linear in the operand and the output together.
+  template <class X, class O, class IO, class SS, class OO, class RS, AxisArgument A>
+    requires(Traced<X> || Traced<O>)
+  auto operator()(const X& operand, const O& output, const IO& input_offsets, const SS& send_sizes,
+                  const OO& output_offsets, const RS& recv_sizes, const A& axes,
+                  const ragged_all_to_all_options& options = {}) const {
+    return detail::derivative<detail::rule::ragged_all_to_all, typename detail::dependent<X, ragged_all_to_all_fn>::type>::
+        apply(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, axes, options);
+  }
   /// Another collective's options: the first error line says which options this one takes.
   template <class X, class O, class IO, class SS, class OO, class RS, AxisArgument A,
             class Options = detail::foreign_option_fields>
@@ -72,6 +81,14 @@ struct all_gather_v_fn {
   auto operator()(const X& x, const C& count, const A& axes) const {
     // Every index's count first (small), then the rows by one ragged all-to-all.
     return detail::when_resolved(detail::all_gather_v_op<all_gather_v_fn, A>{axes}, x, count);
+  }
+  template <class X, class C, AxisArgument A>
+    requires Traced<X>
+  X operator()(const X& x, const C&, const A&) const {
+    static_assert(detail::has_derivative_rule<!Traced<X>>,
+                  "namedax::grad: all_gather_v has no derivative rule yet; gather from namedax::stop_gradient(x), or "
+                  "give the call a derivative of your own with namedax::custom_vjp");
+    return x;  // only the assertion above is reported
   }
 };
 inline constexpr all_gather_v_fn all_gather_v{};

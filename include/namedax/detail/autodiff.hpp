@@ -884,7 +884,7 @@ auto linearize_by_pullbacks(const F& f, const Ps&... primals) {
                    const auto&... tangents) {
     static_assert(sizeof...(tangents) == sizeof...(Ps), "namedax::linearize: give one tangent per primal");
     const auto flats = [&]<std::size_t... K>(std::index_sequence<K...>) {
-      return std::tuple{flat_tangent(std::get<K>(shapes), tangents, K)...};
+      return std::make_tuple(flat_tangent(std::get<K>(shapes), tangents, K)...);  // braces would copy a lone tuple
     }(std::index_sequence_for<Ps...>{});
     auto paired = [&](const auto& grads) {
       double total = 0;
@@ -979,6 +979,11 @@ traced<N> record_call(N value, Backward backward, const Xs&... xs) {
   return traced<N>(std::make_shared<cell<N>>(std::move(value), std::move(parents), std::move(propagate)));
 }
 
+/// The arguments of a function with a derivative of its own (checkpoint, custom_vjp,
+/// custom_jvp): traced values themselves or constants, not pytrees holding traced values.
+template <class... Xs>
+inline constexpr bool leaves_or_constants = ((Traced<Xs> || !has_traced_leaves<Xs>()) && ...);
+
 /// A function whose forward pass is computed again in the backward pass instead of being
 /// recorded (namedax::checkpoint).
 template <class F>
@@ -990,7 +995,7 @@ struct checkpointed {
     if constexpr (!(false || ... || has_traced_leaves<Xs>())) {
       return f(xs...);
     } else {
-      static_assert(((Traced<Xs> || !has_traced_leaves<Xs>()) && ...),
+      static_assert(leaves_or_constants<Xs...>,
                     "namedax::checkpoint: each differentiated argument must be a traced value itself, not a pytree "
                     "holding some; pass the leaves as arguments of their own");
       auto y = f(primal_of(xs)...);  // nothing is recorded: the operands are plain values
@@ -1003,6 +1008,100 @@ struct checkpointed {
           namedax::eval(y),
           [f = f](const auto& ct, const auto&... operands) {
             return std::get<1>(trace_function<false>("checkpoint", f, operands...))(ct);
+          },
+          xs...);
+    }
+  }
+};
+
+/// What a user's bwd returned, as one cotangent per argument: a tuple of as many, or, for a
+/// function of one argument, the cotangent alone.
+template <std::size_t Arguments, class C>
+auto cotangent_tuple(C&& c) {
+  using R = std::remove_cvref_t<C>;
+  if constexpr (is_tuple_like<R>) {
+    static_assert(std::tuple_size_v<R> == Arguments,
+                  "namedax::custom_vjp: bwd must return one cotangent per argument of the function (a std::tuple, as "
+                  "jax's bwd returns a tuple)");
+    return std::forward<C>(c);
+  } else {
+    static_assert(Arguments == 1, "namedax::custom_vjp: bwd must return one cotangent per argument of the function "
+                                  "(a std::tuple, as jax's bwd returns a tuple)");
+    return std::make_tuple(std::forward<C>(c));
+  }
+}
+
+/// A function whose pullback is its user's (namedax::custom_vjp): under a derivative, `fwd`
+/// gives the result and the residuals, and the pullback is `bwd(residuals, ct)`.
+template <class F, class Fwd, class Bwd>
+struct custom_vjp_function {
+  F f;
+  Fwd fwd;
+  Bwd bwd;
+
+  template <class... Xs>
+  auto operator()(const Xs&... xs) const {
+    if constexpr (!(false || ... || has_traced_leaves<Xs>())) {
+      return f(xs...);
+    } else {
+      static_assert(leaves_or_constants<Xs...>,
+                    "namedax::custom_vjp: each differentiated argument must be a traced value itself, not a pytree "
+                    "holding some; pass the leaves as arguments of their own");
+      auto out = fwd(primal_of(xs)...);  // nothing is recorded: the operands are plain values
+      using Out = std::remove_cvref_t<decltype(out)>;
+      if constexpr (!is_tuple_like<Out>) {
+        static_assert(is_tuple_like<Out>, "namedax::custom_vjp: fwd must return std::pair{result, residuals}, as jax's "
+                                          "fwd returns (result, residuals)");
+        return 0;  // only the assertion is reported
+      } else {
+        auto y = namedax::eval(std::get<0>(std::move(out)));
+        static_assert(NamedValue<decltype(y)>, "namedax::custom_vjp: the function must return one named value (a "
+                                               "pytree result is not supported yet)");
+        return record_call(
+            std::move(y),
+            [bwd = bwd, residuals = std::get<1>(std::move(out))](const auto& ct, const auto&...) {
+              return cotangent_tuple<sizeof...(Xs)>(bwd(residuals, ct));
+            },
+            xs...);
+      }
+    }
+  }
+};
+
+/// A function whose derivative is its user's (namedax::custom_jvp): `jvp(primals, tangents)`
+/// returns `{result, tangent}`, linear in the tangents. The pullback is that linear map's
+/// transpose, taken by reverse mode: the vjp of `t -> jvp(primals, t).second` at t = 0.
+template <class F, class Jvp>
+struct custom_jvp_function {
+  F f;
+  Jvp jvp;
+
+  template <class... Xs>
+  auto operator()(const Xs&... xs) const {
+    if constexpr (!(false || ... || has_traced_leaves<Xs>())) {
+      return f(xs...);
+    } else {
+      static_assert(leaves_or_constants<Xs...>,
+                    "namedax::custom_jvp: each differentiated argument must be a traced value itself, not a pytree "
+                    "holding some; pass the leaves as arguments of their own");
+      auto y = namedax::eval(f(primal_of(xs)...));
+      static_assert(NamedValue<decltype(y)>, "namedax::custom_jvp: the function must return one named value (a "
+                                             "pytree result is not supported yet)");
+      return record_call(
+          std::move(y),
+          [jvp = jvp](const auto& ct, const auto&... primals) {
+            auto tangent = [&](const auto&... t) {
+              auto out = jvp(std::make_tuple(primals...), std::make_tuple(t...));
+              static_assert(is_tuple_like<std::remove_cvref_t<decltype(out)>>,
+                            "namedax::custom_jvp: jvp must return std::pair{result, tangent}, as jax's returns "
+                            "(primal_out, tangent_out)");
+              return std::get<1>(std::move(out));
+            };
+            auto zero = [](const auto& p) {  // the tangent at which the linear map is differentiated
+              if constexpr (Operand<decltype(p)>) return namedax::zeros_like(p);
+              else return p;  // a constant of another kind, not differentiated
+            };
+            return std::get<1>(trace_function<false>("custom_jvp", tangent, zero(primals)...))(ct);
           },
           xs...);
     }
@@ -1163,6 +1262,90 @@ struct derivative<rule::pdot, Verb> {
           else return linear::pdot_rhs(a, axes, contract, batch).transpose_of(ct);
         },
         x, y);
+  }
+};
+
+/// x gathered whole along the axes of `list`, flattened as pgather numbers them (the gathered
+/// positional dims first, each name's all_gather at its place among them as written), then
+/// read at `idx` by take: pgather's lookup, in operations that have derivative rules. An
+/// index out of range, negative ones included, reads nothing.
+template <std::size_t J = 0, class X, class I, std::size_t P, class... Names>
+auto gather_by_take(const X& x, const I& idx, const axis_list<P, Names...>& list) {
+  if constexpr (J == 0) {  // the gathered positional dims to the front, in the order written
+    const auto dims = canonical_positional("pgather", list.positional, x.dimension());
+    std::vector<std::ptrdiff_t> order(dims.begin(), dims.end());
+    for (std::size_t d = 0; d < x.dimension(); ++d)
+      if (std::find(dims.begin(), dims.end(), d) == dims.end()) order.push_back(static_cast<std::ptrdiff_t>(d));
+    return gather_by_take<1>(namedax::permute_dims(x, order), idx, list);
+  } else if constexpr (J <= sizeof...(Names)) {  // name J - 1 after the positional dims written before it
+    std::size_t place = J - 1;
+    for (const std::size_t before : list.names_before) place += before <= J - 1 ? 1 : 0;
+    using Name = std::tuple_element_t<J - 1, std::tuple<Names...>>;
+    return gather_by_take<J + 1>(namedax::all_gather(x, Name{}, {.axis = static_cast<int>(place)}), idx, list);
+  } else {  // the gathered dims as one, read at idx
+    const std::size_t gathered = P + sizeof...(Names);
+    const auto& shape = x.primal().shape();
+    std::ptrdiff_t total = 1;
+    std::vector<std::ptrdiff_t> flat{0};
+    for (std::size_t d = 0; d < x.dimension(); ++d)
+      if (d < gathered) total *= static_cast<std::ptrdiff_t>(shape[d]);
+      else flat.push_back(static_cast<std::ptrdiff_t>(shape[d]));
+    flat[0] = total;
+    auto in_range = [&] {  // negative indices past the end, where take reads nothing too
+      if constexpr (std::is_arithmetic_v<I>) return idx < 0 ? total : static_cast<std::ptrdiff_t>(idx);
+      else if constexpr (NamedOperand<I>) return namedax::where(idx < 0, total, idx);
+      else return xt::xarray<std::ptrdiff_t>(xt::where(idx < 0, total, idx));
+    };
+    return namedax::take(namedax::reshape(x, flat), in_range(), 0);
+  }
+}
+
+/// pgather in src: gathered as pgather gathers; the pullback is the transpose of the same
+/// lookup written as gather_by_take, found by reverse mode: each cotangent element is added
+/// to the element it was read from, on the index that holds it (take's pullback, then
+/// all_gather's transpose, a psum_scatter). Indices are not differentiated.
+template <class Verb>
+struct derivative<rule::pgather, Verb> {
+  template <class S, class I, std::size_t P, class... Names>
+  static auto apply(const S& src, const I& idx, const axis_list<P, Names...>& list) {
+    return ad::record_call(
+        namedax::eval(Verb{}(src.primal(), idx, list)),
+        [idx = ad::owned_operand(idx), list](const auto& ct, const auto& s) {
+          auto lookup = [&](const auto& t) { return gather_by_take(t, idx, list); };
+          return std::get<1>(ad::trace_function<false>("pgather", lookup, s))(ct);
+        },
+        src);
+  }
+};
+
+/// ragged_all_to_all, linear in the operand and the output together: in the operand, the
+/// transpose of linear::ragged_all_to_all (the cotangent's rows sent back where they came
+/// from); in the output, the cotangent where no sender wrote, zero where one did (the rows a
+/// ragged_all_to_all of ones writes). Offsets and sizes are not differentiated.
+template <class Verb>
+struct derivative<rule::ragged_all_to_all, Verb> {
+  template <class X, class O, class IO, class SS, class OO, class RS, class A>
+  static auto apply(const X& operand, const O& output, const IO& input_offsets, const SS& send_sizes,
+                    const OO& output_offsets, const RS& recv_sizes, const A& axes,
+                    const ragged_all_to_all_options& options) {
+    static_assert(NamedValue<IO> && NamedValue<SS> && NamedValue<OO> && NamedValue<RS>,
+                  "namedax::grad: ragged_all_to_all's offsets and sizes must be named values under grad");
+    auto a = ad::owned_operand(operand);
+    auto b = ad::owned_operand(output);
+    return ad::record(
+        Verb{}(a, b, input_offsets, send_sizes, output_offsets, recv_sizes, axes, options),
+        [=](const auto& ct, auto k) {
+          if constexpr (decltype(k)::value == 0) {
+            return linear::ragged_all_to_all(axes, input_offsets, send_sizes, output_offsets, recv_sizes,
+                                             a.shape()[0], b.shape()[0], options)
+                .transpose_of(ct);
+          } else {
+            const auto written = Verb{}(namedax::full_like(a, 1), namedax::zeros_like(b), input_offsets, send_sizes,
+                                        output_offsets, recv_sizes, axes, options);
+            return namedax::eval(namedax::where(written != 0, 0, ct));
+          }
+        },
+        operand, output);
   }
 };
 

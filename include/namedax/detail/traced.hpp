@@ -78,6 +78,8 @@ struct permute;
 struct pvary;
 struct pbroadcast;
 struct pdot;
+struct pgather;
+struct ragged_all_to_all;
 struct einsum;
 struct collective_matmul;
 struct structural;
