@@ -388,6 +388,47 @@ TEST_SUITE("collectives on processes against vmap") {
     })(w);
     CHECK_BITWISE(sharded, xt::xarray<double>(2 * w * xt::sum(x * x, {0})));
   }
+  TEST_CASE("grad through pgather, ragged_all_to_all and custom_vjp over processes: the same bits as under vmap") {
+    std::mt19937 rng(41);
+    const std::size_t n = processes;
+    const auto x = whole_numbers<double>(rng, {n, 3});
+    const auto c = whole_numbers<double>(rng, {n, 2, 3});
+    // Each process reads a neighbour's row and one by a stride, index n out of range.
+    xt::xarray<int> ids = xt::xarray<int>::from_shape({n, 2});
+    for (std::size_t k = 0; k < n; ++k) ids(k, 0) = static_cast<int>((k + 1) % n), ids(k, 1) = static_cast<int>(3 * k % (n + 1));
+    // The user's pullback of 2 x: 3 psum(ct), a collective in the backward pass.
+    auto doubled = namedax::custom_vjp([](const auto& a) { return a * 2.0; },
+                                       [](const auto& a) { return std::pair{a * 2.0, 0}; },
+                                       [](int, const auto& ct) { return namedax::psum(ct, "i"_ax) * 3.0; });
+    auto gathered = [&](auto row, auto id, auto weight) {
+      return namedax::grad([&](const auto& p) {
+        return namedax::psum(namedax::sum(namedax::pgather(doubled(p), id, "i"_ax) * weight), "i"_ax);
+      })(row);
+    };
+    check_like_vmap(gathered, 0, x, ids, c);
+    // ragged_all_to_all as an all-to-all of one row each: process i's row j lands in row i of
+    // process j; the last output row is written by nobody.
+    xt::xarray<int> input_offsets = xt::xarray<int>::from_shape({n, n}), output_offsets = input_offsets;
+    const xt::xarray<int> ones = xt::ones<int>({n, n});
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j) input_offsets(i, j) = static_cast<int>(j), output_offsets(i, j) = static_cast<int>(i);
+    const auto operand = whole_numbers<double>(rng, {n, n});
+    const auto output = whole_numbers<double>(rng, {n, n + 1});
+    const auto weight = whole_numbers<double>(rng, {n, n + 1});
+    auto exchanged = [&](auto a, auto o, auto io, auto sizes, auto oo, auto w) {
+      return namedax::grad(
+          [&](const auto& p, const auto& q) {
+            return namedax::psum(namedax::sum(namedax::ragged_all_to_all(p, q, io, sizes, oo, sizes, "i"_ax) * w), "i"_ax);
+          },
+          namedax::argnums<0, 1>)(a, o);
+    };
+    check_like_vmap(exchanged, 0, operand, output, input_offsets, ones, output_offsets, weight);
+    const auto [d_operand, d_output] = namedax::vmap<"i">(exchanged)(operand, output, input_offsets, ones, output_offsets, weight);
+    CHECK_BITWISE(d_operand, xt::xarray<double>(xt::transpose(xt::view(weight, xt::all(), xt::range(0, n)))));
+    xt::xarray<double> unwritten = xt::zeros<double>({n, n + 1});
+    xt::view(unwritten, xt::all(), n) = xt::view(weight, xt::all(), n);
+    CHECK_BITWISE(d_output, unwritten);
+  }
   TEST_CASE("pbroadcast from every source: each process gets the source's value, exact for NaN, -inf and -0") {
     const std::size_t n = processes;
     xt::xarray<float> x = xt::arange<float>(static_cast<float>(n * 3)).reshape({n, 3});
