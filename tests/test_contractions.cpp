@@ -412,5 +412,18 @@ TEST_SUITE("contractions through gemm") {
     }
     const xt::xarray<float> local = std::get<0>(ref);
     check_against<float>(local, naive_einsum<float>("abij", x, "abjk", w, "abik"));
+    // Under two vmaps the lanes interleave in the output: x * 2 is fresh memory (packed for
+    // gemm, its six lanes in one pass), w the same along "a" (mapped along "b" only: lanes
+    // share its packed copy), and products large enough for several strips of 256.
+    auto xl = namedax_test::random_array<float>(rng, {2, 3, 40, 30});
+    auto wl = namedax_test::random_array<float>(rng, {3, 30, 600});
+    auto g = [](auto x, auto w) { return namedax::xeinsum<"ij,jk->ik">(x * 2.f, w); };
+    const std::tuple in_axes{0, namedax::none};
+    const xt::xarray<float> lanes = namedax::vmap<"a">(namedax::vmap<"b">(g), in_axes)(xl, wl);
+    CHECK_BITWISE(lanes, namedax::pmap<"a">(namedax::pmap<"b">(g), in_axes)(xl, wl));
+    CHECK_BITWISE(lanes, namedax::pmap<"a">(namedax::vmap<"b">(g), in_axes)(xl, wl));
+    xt::xarray<float> wide = xt::xarray<float>::from_shape({2, 3, 30, 600});
+    for (std::size_t a = 0; a < 2; ++a) xt::view(wide, a) = wl;
+    check_against<float>(lanes, naive_einsum<float>("abij", xt::xarray<float>(xl * 2.f), "abjk", wide, "abik"));
   }
 }

@@ -193,6 +193,22 @@ void gemm_strip_call(const gemm_args<T>& g, const gemm_strip& s, T* c, std::size
                g.ldb, c, ldc);
 }
 
+/// How many consecutive batch items (the innermost batch dims, merged while they are
+/// contiguous in the output) sit closer together in the output than the elements of one
+/// item's M x N block (strides `out_m`, `out_n`): a vmap's lanes, innermost in the payload.
+/// 1 when they do not.
+inline std::size_t interleaved_lanes(const std::vector<gemm_dim>& batch, std::ptrdiff_t out_m, std::ptrdiff_t out_n) {
+  if (batch.empty() || batch.back().out <= 0) return 1;
+  std::size_t lanes = 1;
+  std::ptrdiff_t next = batch.back().out;  // where the merged dims would continue
+  for (std::size_t d = batch.size(); d-- > 0 && batch[d].out == next;) {
+    lanes *= batch[d].size;
+    next = batch[d].out * static_cast<std::ptrdiff_t>(batch[d].size);
+  }
+  const std::ptrdiff_t span = next;  // the merged lanes' extent in the output
+  return lanes > 1 && span <= out_m && span <= out_n ? lanes : 1;
+}
+
 /// f(0), ..., f(count - 1): in parallel on the calling thread's tbb arena, or in turn on a
 /// device thread (which must not start threads of its own) and under ThreadSanitizer.
 NAMEDAX_DECL void for_each_task(std::size_t count, bool on_device, index_body f);
@@ -205,7 +221,8 @@ class gemm_input {
       : layout_(choose_layout<Stride>(rows, cols)) {
     if (!layout_.in_place) {
       packed_strides<Stride>(rows, cols, layout_.trans, in_strides_, shape_, out_strides_);
-      buffer_.resize(group_size(rows) * group_size(cols));
+      size_ = group_size(rows) * group_size(cols);
+      buffer_.resize(size_);
     }
   }
   const T* at(const T* base) {
@@ -213,12 +230,46 @@ class gemm_input {
     copy_strided(strided_block<T>{base, shape_, in_strides_}, buffer_.data(), out_strides_);
     return buffer_.data();
   }
+  /// The operands at `bases` (one per lane of an interleaved batch), each where gemm reads it.
+  /// Packed, the distinct ones are copied in one pass when they are evenly spaced (lanes that
+  /// interleave in memory: each cache line is read once for all of them), and lanes that
+  /// share an operand (broadcast along them) share its copy.
+  std::vector<const T*> at_lanes(const std::vector<const T*>& bases) {
+    if (layout_.in_place) return bases;
+    std::vector<const T*> distinct;
+    std::vector<std::size_t> which;
+    for (const T* base : bases) {
+      const auto seen = std::find(distinct.begin(), distinct.end(), base);
+      which.push_back(static_cast<std::size_t>(seen - distinct.begin()));
+      if (seen == distinct.end()) distinct.push_back(base);
+    }
+    const std::size_t size = size_;
+    buffer_.resize(distinct.size() * size);
+    const std::ptrdiff_t spacing = distinct.size() > 1 ? distinct[1] - distinct[0] : 0;
+    bool even = true;
+    for (std::size_t d = 1; d < distinct.size(); ++d) even = even && distinct[d] - distinct[d - 1] == spacing;
+    if (even && distinct.size() > 1) {
+      dims_t shape{distinct.size()};
+      strides_t in{spacing}, out{static_cast<std::ptrdiff_t>(size)};
+      shape.insert(shape.end(), shape_.begin(), shape_.end());
+      in.insert(in.end(), in_strides_.begin(), in_strides_.end());
+      out.insert(out.end(), out_strides_.begin(), out_strides_.end());
+      copy_strided(strided_block<T>{distinct[0], shape, in}, buffer_.data(), out);
+    } else {
+      for (std::size_t d = 0; d < distinct.size(); ++d)
+        copy_strided(strided_block<T>{distinct[d], shape_, in_strides_}, buffer_.data() + d * size, out_strides_);
+    }
+    std::vector<const T*> packed;
+    for (const std::size_t d : which) packed.push_back(buffer_.data() + d * size);
+    return packed;
+  }
   [[nodiscard]] bool trans() const { return layout_.trans; }
   [[nodiscard]] bool in_place() const { return layout_.in_place; }
   [[nodiscard]] std::size_t ld() const { return layout_.ld; }
 
  private:
   gemm_operand layout_;
+  std::size_t size_ = 0;  // of one packed operand
   dims_t shape_;
   strides_t in_strides_, out_strides_;
   std::vector<T> buffer_;
@@ -280,6 +331,48 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
   };
 
   const blas_one_thread one_thread;
+  const std::size_t lanes = scatter_strips ? interleaved_lanes(p.batch, out_m, out_n) : 1;
+  if (lanes > 1) {
+    // The items of the innermost batch dims interleave in every line of the output (a vmap's
+    // lanes): their operands are packed together, and a task computes one strip of all of
+    // them, each into a buffer of its own, then writes them out in one pass that fills each
+    // line of the output whole.
+    const std::ptrdiff_t lane_stride = p.batch.back().out;
+    auto lane_strip = [&](std::size_t t, std::ptrdiff_t to, const std::vector<const T*>& pa,
+                          const std::vector<const T*>& pb) {
+      const gemm_strip s = strip_of(m, n, t);
+      const std::size_t size = s.m * s.n;
+      thread_local std::vector<T> local;
+      local.resize(lanes * size);
+      for (std::size_t l = 0; l < lanes; ++l)
+        gemm_strip_call<T>({a.trans(), b.trans(), m, n, k, pa[l], a.ld(), pb[l], b.ld()}, s, local.data() + l * size,
+                           std::max<std::size_t>(s.n, 1));
+      const strided_block<T> from{local.data(), {lanes, s.m, s.n},
+                                  {static_cast<std::ptrdiff_t>(size), s.m == 1 ? 0 : static_cast<std::ptrdiff_t>(s.n),
+                                   s.n == 1 ? 0 : 1}};
+      const std::ptrdiff_t at[] = {lane_stride, s.m == 1 ? 0 : out_m, s.n == 1 ? 0 : out_n};
+      const auto r = static_cast<std::ptrdiff_t>(s.r), col = static_cast<std::ptrdiff_t>(s.c);
+      copy_strided(from, out + to + r * out_m + col * out_n, at);
+    };
+    auto bases = [&](std::size_t first, std::size_t operand) {  // of the lanes from item `first` on
+      std::vector<const T*> at(lanes);
+      for (std::size_t l = 0; l < lanes; ++l) at[l] = (operand == 0 ? x : y) + offsets(first + l)[operand];
+      return at;
+    };
+    const std::size_t groups = items / lanes;
+    if (a.in_place() && b.in_place()) {  // nothing to pack: every strip of every group a task
+      for_each_task(groups * strips, on_device, [&](std::size_t task) {
+        const std::size_t first = task % groups * lanes;
+        lane_strip(task / groups, offsets(first)[2], bases(first, 0), bases(first, 1));
+      });
+      return;
+    }
+    for (std::size_t first = 0; first < items; first += lanes) {
+      const std::vector<const T*> pa = a.at_lanes(bases(first, 0)), pb = b.at_lanes(bases(first, 1));
+      for_each_task(strips, on_device, [&](std::size_t t) { lane_strip(t, offsets(first)[2], pa, pb); });
+    }
+    return;
+  }
   if (a.in_place() && b.in_place() && (c_in_place || scatter_strips)) {
     // Nothing shared to pack: every strip of every item is a task of its own. A strip's items
     // are consecutive tasks, so that where they interleave in the output (a vmap's lanes are
