@@ -86,7 +86,7 @@ auto value_and_grad(F f, Options...) {
 /// on every device in the same order.
 template <class F>
 auto checkpoint(F f) {
-  return detail::ad::checkpointed<F>{std::move(f)};
+  return detail::ad::checkpointed<F>{{std::move(f)}};
 }
 
 /// `custom_vjp(f, fwd, bwd)` (jax.custom_vjp, then defvjp(fwd, bwd)): computes what f
@@ -102,7 +102,7 @@ auto checkpoint(F f) {
 ///       [](int, auto ct) { return namedax::clip(ct, -1., 1.); });  // clips the gradient
 template <class F, class Fwd, class Bwd>
 auto custom_vjp(F f, Fwd fwd, Bwd bwd) {
-  return detail::ad::custom_vjp_function<F, Fwd, Bwd>{std::move(f), std::move(fwd), std::move(bwd)};
+  return detail::ad::custom_vjp_function<F, Fwd, Bwd>{{std::move(f)}, std::move(fwd), std::move(bwd)};
 }
 
 /// `custom_jvp(f, jvp)` (jax.custom_jvp, then defjvp(jvp)): computes what f computes, with a
@@ -120,7 +120,7 @@ auto custom_vjp(F f, Fwd fwd, Bwd bwd) {
 ///       });
 template <class F, class Jvp>
 auto custom_jvp(F f, Jvp jvp) {
-  return detail::ad::custom_jvp_function<F, Jvp>{std::move(f), std::move(jvp)};
+  return detail::ad::custom_jvp_function<F, Jvp>{{std::move(f)}, std::move(jvp)};
 }
 
 /// `jvp(f, std::tuple{primals...}, std::tuple{tangents...})`: `std::pair{f(primals...), J t}`,

@@ -979,15 +979,12 @@ traced<N> record_call(N value, Backward backward, const Xs&... xs) {
   return traced<N>(std::make_shared<cell<N>>(std::move(value), std::move(parents), std::move(propagate)));
 }
 
-/// The arguments of a function with a derivative of its own (checkpoint, custom_vjp,
-/// custom_jvp): traced values themselves or constants, not pytrees holding traced values.
-template <class... Xs>
-inline constexpr bool leaves_or_constants = ((Traced<Xs> || !has_traced_leaves<Xs>()) && ...);
-
-/// A function whose forward pass is computed again in the backward pass instead of being
-/// recorded (namedax::checkpoint).
-template <class F>
-struct checkpointed {
+/// A function with a derivative of its own (checkpoint, custom_vjp, custom_jvp): `f` itself
+/// outside any derivative; under one, `Derived::record(xs...)`, the call recorded as one node.
+/// The differentiated arguments are traced values themselves or constants, not pytrees
+/// holding traced values (each becomes one operand of the node).
+template <class Derived, class F>
+struct own_derivative {
   F f;
 
   template <class... Xs>
@@ -995,22 +992,30 @@ struct checkpointed {
     if constexpr (!(false || ... || has_traced_leaves<Xs>())) {
       return f(xs...);
     } else {
-      static_assert(leaves_or_constants<Xs...>,
-                    "namedax::checkpoint: each differentiated argument must be a traced value itself, not a pytree "
-                    "holding some; pass the leaves as arguments of their own");
-      auto y = f(primal_of(xs)...);  // nothing is recorded: the operands are plain values
-      using Y = decltype(y);
-      static_assert(NamedValue<Y>,
-                    "namedax::checkpoint: the function must return one named value (a pytree result is not supported "
-                    "yet)");
-      // The backward pass: the forward again, recorded this time, and its pullback at once.
-      return record_call(
-          namedax::eval(y),
-          [f = f](const auto& ct, const auto&... operands) {
-            return std::get<1>(trace_function<false>("checkpoint", f, operands...))(ct);
-          },
-          xs...);
+      static_assert(((Traced<Xs> || !has_traced_leaves<Xs>()) && ...),
+                    "namedax::checkpoint, custom_vjp or custom_jvp: each differentiated argument must be a traced "
+                    "value itself, not a pytree holding some; pass the leaves as arguments of their own");
+      return static_cast<const Derived&>(*this).record(xs...);
     }
+  }
+};
+
+/// A function whose forward pass is computed again in the backward pass instead of being
+/// recorded (namedax::checkpoint).
+template <class F>
+struct checkpointed : own_derivative<checkpointed<F>, F> {
+  template <class... Xs>
+  auto record(const Xs&... xs) const {
+    auto y = this->f(primal_of(xs)...);  // nothing is recorded: the operands are plain values
+    static_assert(NamedValue<decltype(y)>, "namedax::checkpoint: the function must return one named value (a pytree "
+                                           "result is not supported yet)");
+    // The backward pass: the forward again, recorded this time, and its pullback at once.
+    return record_call(
+        namedax::eval(y),
+        [f = this->f](const auto& ct, const auto&... operands) {
+          return std::get<1>(trace_function<false>("checkpoint", f, operands...))(ct);
+        },
+        xs...);
   }
 };
 
@@ -1034,36 +1039,28 @@ auto cotangent_tuple(C&& c) {
 /// A function whose pullback is its user's (namedax::custom_vjp): under a derivative, `fwd`
 /// gives the result and the residuals, and the pullback is `bwd(residuals, ct)`.
 template <class F, class Fwd, class Bwd>
-struct custom_vjp_function {
-  F f;
+struct custom_vjp_function : own_derivative<custom_vjp_function<F, Fwd, Bwd>, F> {
   Fwd fwd;
   Bwd bwd;
 
   template <class... Xs>
-  auto operator()(const Xs&... xs) const {
-    if constexpr (!(false || ... || has_traced_leaves<Xs>())) {
-      return f(xs...);
+  auto record(const Xs&... xs) const {
+    auto out = fwd(primal_of(xs)...);  // nothing is recorded: the operands are plain values
+    if constexpr (!is_tuple_like<std::remove_cvref_t<decltype(out)>>) {
+      static_assert(is_tuple_like<std::remove_cvref_t<decltype(out)>>,
+                    "namedax::custom_vjp: fwd must return std::pair{result, residuals}, as jax's fwd returns (result, "
+                    "residuals)");
+      return 0;  // only the assertion is reported
     } else {
-      static_assert(leaves_or_constants<Xs...>,
-                    "namedax::custom_vjp: each differentiated argument must be a traced value itself, not a pytree "
-                    "holding some; pass the leaves as arguments of their own");
-      auto out = fwd(primal_of(xs)...);  // nothing is recorded: the operands are plain values
-      using Out = std::remove_cvref_t<decltype(out)>;
-      if constexpr (!is_tuple_like<Out>) {
-        static_assert(is_tuple_like<Out>, "namedax::custom_vjp: fwd must return std::pair{result, residuals}, as jax's "
-                                          "fwd returns (result, residuals)");
-        return 0;  // only the assertion is reported
-      } else {
-        auto y = namedax::eval(std::get<0>(std::move(out)));
-        static_assert(NamedValue<decltype(y)>, "namedax::custom_vjp: the function must return one named value (a "
-                                               "pytree result is not supported yet)");
-        return record_call(
-            std::move(y),
-            [bwd = bwd, residuals = std::get<1>(std::move(out))](const auto& ct, const auto&...) {
-              return cotangent_tuple<sizeof...(Xs)>(bwd(residuals, ct));
-            },
-            xs...);
-      }
+      auto y = namedax::eval(std::get<0>(std::move(out)));
+      static_assert(NamedValue<decltype(y)>, "namedax::custom_vjp: the function must return one named value (a "
+                                             "pytree result is not supported yet)");
+      return record_call(
+          std::move(y),
+          [bwd = bwd, residuals = std::get<1>(std::move(out))](const auto& ct, const auto&...) {
+            return cotangent_tuple<sizeof...(Xs)>(bwd(residuals, ct));
+          },
+          xs...);
     }
   }
 };
@@ -1072,39 +1069,31 @@ struct custom_vjp_function {
 /// returns `{result, tangent}`, linear in the tangents. The pullback is that linear map's
 /// transpose, taken by reverse mode: the vjp of `t -> jvp(primals, t).second` at t = 0.
 template <class F, class Jvp>
-struct custom_jvp_function {
-  F f;
+struct custom_jvp_function : own_derivative<custom_jvp_function<F, Jvp>, F> {
   Jvp jvp;
 
   template <class... Xs>
-  auto operator()(const Xs&... xs) const {
-    if constexpr (!(false || ... || has_traced_leaves<Xs>())) {
-      return f(xs...);
-    } else {
-      static_assert(leaves_or_constants<Xs...>,
-                    "namedax::custom_jvp: each differentiated argument must be a traced value itself, not a pytree "
-                    "holding some; pass the leaves as arguments of their own");
-      auto y = namedax::eval(f(primal_of(xs)...));
-      static_assert(NamedValue<decltype(y)>, "namedax::custom_jvp: the function must return one named value (a "
-                                             "pytree result is not supported yet)");
-      return record_call(
-          std::move(y),
-          [jvp = jvp](const auto& ct, const auto&... primals) {
-            auto tangent = [&](const auto&... t) {
-              auto out = jvp(std::make_tuple(primals...), std::make_tuple(t...));
-              static_assert(is_tuple_like<std::remove_cvref_t<decltype(out)>>,
-                            "namedax::custom_jvp: jvp must return std::pair{result, tangent}, as jax's returns "
-                            "(primal_out, tangent_out)");
-              return std::get<1>(std::move(out));
-            };
-            auto zero = [](const auto& p) {  // the tangent at which the linear map is differentiated
-              if constexpr (Operand<decltype(p)>) return namedax::zeros_like(p);
-              else return p;  // a constant of another kind, not differentiated
-            };
-            return std::get<1>(trace_function<false>("custom_jvp", tangent, zero(primals)...))(ct);
-          },
-          xs...);
-    }
+  auto record(const Xs&... xs) const {
+    auto y = namedax::eval(this->f(primal_of(xs)...));
+    static_assert(NamedValue<decltype(y)>, "namedax::custom_jvp: the function must return one named value (a pytree "
+                                           "result is not supported yet)");
+    return record_call(
+        std::move(y),
+        [jvp = jvp](const auto& ct, const auto&... primals) {
+          auto tangent = [&](const auto&... t) {
+            auto out = jvp(std::make_tuple(primals...), std::make_tuple(t...));
+            static_assert(is_tuple_like<std::remove_cvref_t<decltype(out)>>,
+                          "namedax::custom_jvp: jvp must return std::pair{result, tangent}, as jax's returns "
+                          "(primal_out, tangent_out)");
+            return std::get<1>(std::move(out));
+          };
+          auto zero = [](const auto& p) {  // the tangent at which the linear map is differentiated
+            if constexpr (Operand<decltype(p)>) return namedax::zeros_like(p);
+            else return p;  // a constant of another kind, not differentiated
+          };
+          return std::get<1>(trace_function<false>("custom_jvp", tangent, zero(primals)...))(ct);
+        },
+        xs...);
   }
 };
 
