@@ -319,25 +319,18 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
     const gemm_args<T> g{a.trans(), b.trans(), m, n, k, pa, a.ld(), pb, b.ld()};
     const gemm_strip s = strip_of(m, n, t);
     if (c_in_place) return gemm_strip_call<T>(g, s, out + to + s.r * c.ld + s.c, c.ld);
-    if (!scatter_strips) return gemm_strip_call<T>(g, s, c_buffer.data() + s.r * n + s.c, std::max<std::size_t>(n, 1));
-    thread_local std::vector<T> local;
-    local.resize(s.m * s.n);
-    gemm_strip_call<T>(g, s, local.data(), std::max<std::size_t>(s.n, 1));
-    const strided_block<T> from{local.data(), {s.m, s.n},
-                                {s.m == 1 ? 0 : static_cast<std::ptrdiff_t>(s.n), s.n == 1 ? 0 : 1}};
-    const std::ptrdiff_t at[] = {s.m == 1 ? 0 : out_m, s.n == 1 ? 0 : out_n};
-    const auto r = static_cast<std::ptrdiff_t>(s.r), col = static_cast<std::ptrdiff_t>(s.c);
-    copy_strided(from, out + to + r * out_m + col * out_n, at);
+    gemm_strip_call<T>(g, s, c_buffer.data() + s.r * n + s.c, std::max<std::size_t>(n, 1));
   };
 
   const blas_one_thread one_thread;
-  const std::size_t lanes = scatter_strips ? interleaved_lanes(p.batch, out_m, out_n) : 1;
-  if (lanes > 1) {
-    // The items of the innermost batch dims interleave in every line of the output (a vmap's
-    // lanes): their operands are packed together, and a task computes one strip of all of
+  if (scatter_strips) {
+    // Each strip goes to a buffer of its task and is scattered from there. The items of the
+    // innermost batch dims that interleave in every line of the output (a vmap's lanes) go
+    // together: their operands are packed together, and a task computes one strip of all of
     // them, each into a buffer of its own, then writes them out in one pass that fills each
-    // line of the output whole.
-    const std::ptrdiff_t lane_stride = p.batch.back().out;
+    // line of the output whole. Other items are lanes of one.
+    const std::size_t lanes = interleaved_lanes(p.batch, out_m, out_n);
+    const std::ptrdiff_t lane_stride = lanes > 1 ? p.batch.back().out : 0;
     auto lane_strip = [&](std::size_t t, std::ptrdiff_t to, const std::vector<const T*>& pa,
                           const std::vector<const T*>& pb) {
       const gemm_strip s = strip_of(m, n, t);
@@ -360,7 +353,10 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
       return at;
     };
     const std::size_t groups = items / lanes;
-    if (a.in_place() && b.in_place()) {  // nothing to pack: every strip of every group a task
+    if (a.in_place() && b.in_place()) {
+      // Nothing to pack: every strip of every group is a task of its own. A strip's groups
+      // are consecutive tasks, so that where they interleave in the output their scatters
+      // fill lines still in cache.
       for_each_task(groups * strips, on_device, [&](std::size_t task) {
         const std::size_t first = task % groups * lanes;
         lane_strip(task / groups, offsets(first)[2], bases(first, 0), bases(first, 1));
@@ -373,10 +369,7 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
     }
     return;
   }
-  if (a.in_place() && b.in_place() && (c_in_place || scatter_strips)) {
-    // Nothing shared to pack: every strip of every item is a task of its own. A strip's items
-    // are consecutive tasks, so that where they interleave in the output (a vmap's lanes are
-    // its innermost dims) their scatters fill lines still in cache.
+  if (a.in_place() && b.in_place() && c_in_place) {  // nothing to pack: every strip of every item a task
     for_each_task(items * strips, on_device, [&](std::size_t task) {
       const auto o = offsets(task % items);
       strip(o[2], task / items, x + o[0], y + o[1]);
@@ -388,8 +381,7 @@ void gemm_contract(const gemm_problem& p, const T* x, const T* y, T* out, std::s
     const T* pa = a.at(x + o[0]);
     const T* pb = b.at(y + o[1]);
     for_each_task(strips, on_device, [&](std::size_t t) { strip(o[2], t, pa, pb); });
-    if (!c_in_place && !scatter_strips)
-      copy_strided(strided_block<T>{c_buffer.data(), c_shape, c_strides}, out + o[2], c_out_strides);
+    if (!c_in_place) copy_strided(strided_block<T>{c_buffer.data(), c_shape, c_strides}, out + o[2], c_out_strides);
   }
 }
 
