@@ -7,6 +7,7 @@
 #pragma once
 
 #include <namedax/detail/shard_map.hpp>
+#include <namedax/detail/unpack.hpp>
 #include <namedax/map.hpp>
 
 namespace namedax {
@@ -85,7 +86,7 @@ class mesh {
 
   /// The sizes of the axes, in order.
   [[nodiscard]] constexpr std::array<std::size_t, rank> sizes() const {
-    return std::apply([](const auto&... a) { return std::array<std::size_t, rank>{a.size...}; }, axes_);
+    return detail::unpack(axes_, [](const auto&... a) { return std::array<std::size_t, rank>{a.size...}; });
   }
   /// The size of the axis named `A`: `m.size("data"_ax)`.
   template <Axis A>

@@ -9,6 +9,7 @@
 #include <namedax/detail/kernels.hpp>
 #include <namedax/detail/pytree.hpp>
 #include <namedax/detail/runtime.hpp>
+#include <namedax/detail/unpack.hpp>
 #include <namedax/error.hpp>
 #include <namedax/named_shape.hpp>
 
@@ -234,7 +235,7 @@ void check_broadcast_count(const E& e, std::size_t vectorized) {
     auto add = [&](const auto& operand) {
       if constexpr (!is_xscalar<std::decay_t<decltype(operand)>>) shapes.push_back(positional(operand.shape()));
     };
-    std::apply([&](const auto&... operand) { (add(operand), ...); }, e.arguments());
+    detail::unpack(e.arguments(), [&](const auto&... operand) { (add(operand), ...); });
     std::string text;
     for (std::size_t k = 0; k < shapes.size(); ++k)
       text += message(k == 0 ? "" : k + 1 == shapes.size() ? " and " : ", ", shapes[k]);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <namedax/detail/pytree.hpp>
+#include <namedax/detail/unpack.hpp>
 
 #include <cstddef>
 #include <tuple>
@@ -23,7 +24,7 @@ auto tree_map(F&& f, const Tree& tree, const Rest&... rest) {
   const auto others = std::make_tuple(detail::tree_leaves(rest)...);  // not std::tuple{}: one tree stays one
   auto mapped = [&]<std::size_t... K>(std::index_sequence<K...>) {
     auto leaf = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
-      return std::apply([&](const auto&... o) { return f(std::get<I>(leaves), std::get<I>(o)...); }, others);
+      return detail::unpack(others, [&](const auto&... o) { return f(std::get<I>(leaves), std::get<I>(o)...); });
     };
     return std::make_tuple(leaf(std::integral_constant<std::size_t, K>{})...);
   }(std::make_index_sequence<detail::leaf_count<Tree>()>{});

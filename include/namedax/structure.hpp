@@ -7,6 +7,7 @@
 
 #include <namedax/detail/structure.hpp>
 #include <namedax/detail/traced.hpp>
+#include <namedax/detail/unpack.hpp>
 
 namespace namedax {
 
@@ -30,12 +31,10 @@ inline constexpr bool holds_traced_value<std::array<X, N>> = N > 0 && Traced<X>;
 /// concat and stack of values one at least traced: a structural op of all of them.
 template <class Verb, class Values, class Join>
 auto traced_join(const Values& values, const Join& join) {
-  return std::apply(
-      [&](const auto&... xs) {
-        return derivative<rule::structural, typename dependent<Values, Verb>::type>::apply(
-            [&](const auto&... ys) { return join(std::make_tuple(ys...)); }, xs...);
-      },
-      values);
+  return detail::unpack(values, [&](const auto&... xs) {
+    return derivative<rule::structural, typename dependent<Values, Verb>::type>::apply(
+        [&](const auto&... ys) { return join(std::make_tuple(ys...)); }, xs...);
+  });
 }
 }  // namespace detail
 

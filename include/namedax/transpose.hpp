@@ -5,6 +5,7 @@
 
 #include <namedax/collective_matmul.hpp>
 #include <namedax/collectives.hpp>
+#include <namedax/detail/unpack.hpp>
 #include <namedax/ragged.hpp>
 #include <namedax/detail/traced.hpp>
 #include <namedax/detail/transpose.hpp>
@@ -656,28 +657,24 @@ struct add_map : detail::linear_map_base {
 
   template <class X>
   auto operator()(const X& x) const {
-    return std::apply([&](const auto&... op) { return namedax::eval((op(x) + ...)); }, ops);
+    return detail::unpack(ops, [&](const auto&... op) { return namedax::eval((op(x) + ...)); });
   }
   template <class X>
   auto vjp_at(const X& x) const {
-    return std::apply(
-        [&](const auto&... op) {
-          auto parts = std::tuple{detail::vjp_of(op, x)...};
-          auto y = std::apply([](const auto&... p) { return namedax::eval((p.first + ...)); }, parts);
-          auto pullbacks = std::apply(
-              [](const auto&... p) {
-                return std::tuple{[pb = p.second](const auto& ct) {
-                  return pb(detail::match_variance<std::remove_cvref_t<decltype(p.first)>>(ct));
-                }...};
-              },
-              parts);
-          using Y = decltype(y);
-          return std::pair{std::move(y), [pullbacks](const auto& ct) {
-                             auto c = detail::match_variance<Y>(ct);
-                             return std::apply([&](const auto&... pb) { return namedax::eval((pb(c) + ...)); }, pullbacks);
-                           }};
-        },
-        ops);
+    return detail::unpack(ops, [&](const auto&... op) {
+      auto parts = std::tuple{detail::vjp_of(op, x)...};
+      auto y = detail::unpack(parts, [](const auto&... p) { return namedax::eval((p.first + ...)); });
+      auto pullbacks = detail::unpack(parts, [](const auto&... p) {
+        return std::tuple{[pb = p.second](const auto& ct) {
+          return pb(detail::match_variance<std::remove_cvref_t<decltype(p.first)>>(ct));
+        }...};
+      });
+      using Y = decltype(y);
+      return std::pair{std::move(y), [pullbacks](const auto& ct) {
+                         auto c = detail::match_variance<Y>(ct);
+                         return detail::unpack(pullbacks, [&](const auto&... pb) { return namedax::eval((pb(c) + ...)); });
+                       }};
+    });
   }
 };
 template <LinearMap... Ops>

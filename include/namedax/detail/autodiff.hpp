@@ -13,6 +13,7 @@
 #include <namedax/detail/compilation.hpp>
 #include <namedax/detail/digamma.hpp>
 #include <namedax/detail/traced.hpp>
+#include <namedax/detail/unpack.hpp>
 #include <namedax/elementwise.hpp>
 #include <namedax/reductions.hpp>
 #include <namedax/structure.hpp>
@@ -282,7 +283,7 @@ auto elementwise(F f, D derivative, const Xs&... xs) {
   return record(
       y,
       [derivative, y, primals = std::tuple{[](const auto& x) { return owned_operand(x); }(xs)...}](const auto& ct, auto k) {
-        return std::apply([&](const auto&... a) { return derivative(ct, k, y, a...); }, primals);
+        return unpack(primals, [&](const auto&... a) { return derivative(ct, k, y, a...); });
       },
       xs...);
 }
@@ -661,7 +662,7 @@ auto trace_function(std::string_view verb, const F& f, const Xs&... xs) {
   const std::uint64_t first = node::upcoming_order();
   // make_tuple, not std::tuple{...}: one argument that is itself a tuple must stay one argument.
   auto inputs = std::make_tuple(tree_map(xs, [](const auto& leaf) { return trace_leaf(leaf); })...);
-  auto [out, aux] = split_aux<HasAux>(std::apply(f, inputs));
+  auto [out, aux] = split_aux<HasAux>(unpack(inputs, f));
   auto value = primal_tree(out);
   return std::tuple{std::move(value), pullback_of(verb, first, std::move(inputs), std::move(out), std::make_tuple(xs...)),
                     std::move(aux)};
@@ -813,8 +814,9 @@ std::vector<std::size_t> leaf_shape(const L& leaf) {
 /// The shapes of a pytree's leaves, in order.
 template <class P>
 auto leaf_shapes(const P& tree) {
-  return std::apply([](const auto&... leaf) { return std::array<std::vector<std::size_t>, sizeof...(leaf)>{leaf_shape(leaf)...}; },
-                    tree_leaves(tree));
+  return unpack(tree_leaves(tree), [](const auto&... leaf) {
+    return std::array<std::vector<std::size_t>, sizeof...(leaf)>{leaf_shape(leaf)...};
+  });
 }
 
 /// The leaves of argument `argument`'s tangent as flat arrays, each checked against its
@@ -840,20 +842,16 @@ auto flat_tangent(const std::array<std::vector<std::size_t>, N>& shapes, const T
 template <class G, class Flats>
 double pair_leaves(const G& gradient, const Flats& tangent) {
   double total = 0;
-  std::apply(
-      [&](const auto&... g) {
-        std::apply(
-            [&](const auto&... ts) {
-              (
-                  [&] {
-                    const auto gs = flat_elements(g);
-                    for (std::size_t k = 0; k < gs.size(); ++k) total += gs.flat(k) * ts.flat(k);
-                  }(),
-                  ...);
-            },
-            tangent);
-      },
-      tree_leaves(gradient));
+  unpack(tree_leaves(gradient), [&](const auto&... g) {
+    unpack(tangent, [&](const auto&... ts) {
+      (
+          [&] {
+            const auto gs = flat_elements(g);
+            for (std::size_t k = 0; k < gs.size(); ++k) total += gs.flat(k) * ts.flat(k);
+          }(),
+          ...);
+    });
+  });
   return total;
 }
 
@@ -909,8 +907,8 @@ auto linearize_by_pullbacks(const F& f, const Ps&... primals) {
 /// jvp outside any map: linearize, then its linear map at the tangents.
 template <class F, class... Ps, class... Ts>
 auto jvp_by_pullbacks(const F& f, const std::tuple<Ps...>& primals, const std::tuple<Ts...>& tangents) {
-  auto [value, f_jvp] = std::apply([&](const auto&... p) { return linearize_by_pullbacks(f, p...); }, primals);
-  auto tangent = std::apply(f_jvp, tangents);
+  auto [value, f_jvp] = unpack(primals, [&](const auto&... p) { return linearize_by_pullbacks(f, p...); });
+  auto tangent = unpack(tangents, f_jvp);
   return std::pair{std::move(value), std::move(tangent)};
 }
 
@@ -965,7 +963,7 @@ traced<N> record_call(N value, Backward backward, const Xs&... xs) {
   };
   (add_parent(xs), ...);
   auto propagate = [backward = std::move(backward), kept, cells](const N& ct) {
-    auto cotangents = std::apply([&](const auto&... operand) { return backward(ct, operand...); }, kept);
+    auto cotangents = unpack(kept, [&](const auto&... operand) { return backward(ct, operand...); });
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (
           [&] {
@@ -1370,19 +1368,17 @@ struct derivative<rule::map, Verb> {
         [f](const auto&... leaves_and_ct) {
           auto all = std::forward_as_tuple(leaves_and_ct...);
           auto args = tree_unflatten<arguments>(all);
-          auto [value, pullback] = std::apply([&](const auto&... a) { return ad::vjp_of_function(f, a...); }, args);
+          auto [value, pullback] = unpack(args, [&](const auto&... a) { return ad::vjp_of_function(f, a...); });
           const auto cotangents = pullback(std::get<sizeof...(leaves_and_ct) - 1>(all));
-          return std::apply([](const auto&... c) { return std::make_tuple(c...); }, tree_leaves(cotangents));
+          return unpack(tree_leaves(cotangents), [](const auto&... c) { return std::make_tuple(c...); });
         },
         std::tuple_cat(entries, std::tuple{map.out_axes()}), entries);
-    return std::apply(
-        [&](const auto&... leaf) {
-          return ad::record_call(
-              N(share_array(xt::xarray<T>(std::move(y)))),
-              [backward](const N& ct, const auto&... operands) { return backward(operands..., ct.payload()); },
-              leaf...);
-        },
-        leaves);
+    return unpack(leaves, [&](const auto&... leaf) {
+      return ad::record_call(
+          N(share_array(xt::xarray<T>(std::move(y)))),
+          [backward](const N& ct, const auto&... operands) { return backward(operands..., ct.payload()); },
+          leaf...);
+    });
   }
 
  private:
@@ -1437,7 +1433,7 @@ struct derivative<rule::structural, Verb> {
     };
     // Braced: the operands are numbered in order.
     auto positions = std::tuple{numbered(xs)...};
-    auto source = namedax::eval(std::apply(op, positions));
+    auto source = namedax::eval(unpack(positions, op));
     return ad::record(op(ad::primal_of(xs)...), [source, offsets, shapes](const auto& ct, auto k) {
       constexpr std::size_t K = decltype(k)::value;
       return ad::add_at(ct, source, offsets[K], shapes[K]);
@@ -1463,9 +1459,8 @@ struct derivative<rule::einsum, Verb> {
           fail("namedax::grad: xeinsum with a subscript repeated in one operand ('", subs[k],
                "') has no derivative rule; take the diagonal first");
     }
-    auto y = std::apply(
-        [&](const auto&... a) { return local_einsum(Verb::name, std::span<const std::string_view>(subscripts), output, a...); },
-        operands);
+    auto y = unpack(operands,
+        [&](const auto&... a) { return local_einsum(Verb::name, std::span<const std::string_view>(subscripts), output, a...); });
     return ad::record(
         y,
         [operands, subs, out = std::string(output)](const auto& ct, auto k) {

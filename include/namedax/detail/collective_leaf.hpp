@@ -8,6 +8,7 @@
 #include <namedax/axis.hpp>
 #include <namedax/detail/collective_frame.hpp>
 #include <namedax/detail/pytree.hpp>
+#include <namedax/detail/unpack.hpp>
 #include <namedax/named_array.hpp>
 
 #include <algorithm>
@@ -203,7 +204,7 @@ inline std::optional<groups_t> groups_of(const std::vector<std::vector<int>>& gr
 /// A tuple of names as the axis list `axes(names...)`.
 template <class... Names>
 constexpr auto axis_list_of(const std::tuple<Names...>& names) {
-  return std::apply([](const auto&... n) { return namedax::axes(n...); }, names);
+  return unpack(names, [](const auto&... n) { return namedax::axes(n...); });
 }
 
 #if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)

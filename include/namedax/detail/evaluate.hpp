@@ -6,6 +6,7 @@
 #pragma once
 
 #include <namedax/detail/kernels.hpp>
+#include <namedax/detail/unpack.hpp>
 #include <namedax/error.hpp>
 
 #include <xtensor/xarray.hpp>
@@ -78,7 +79,7 @@ template <class E>
 void collect_operands(const E& e, std::span<const std::size_t> shape, std::vector<tile_operand>& operands,
                       std::vector<std::shared_ptr<const void>>& kept) {
   if constexpr (is_xfunction<E>) {
-    std::apply([&](const auto&... a) { (collect_operands(a, shape, operands, kept), ...); }, e.arguments());
+    unpack(e.arguments(), [&](const auto&... a) { (collect_operands(a, shape, operands, kept), ...); });
   } else if constexpr (is_xscalar<E>) {
     operands.push_back({&e(), std::vector<std::ptrdiff_t>(shape.size(), 0)});
   } else if constexpr (StridedMemory<E>) {

@@ -10,6 +10,7 @@
 #include <namedax/detail/pytree.hpp>
 #include <namedax/detail/reduction.hpp>
 #include <namedax/detail/traced.hpp>
+#include <namedax/detail/unpack.hpp>
 #include <namedax/named_array.hpp>
 
 #include <xtensor/xshape.hpp>
@@ -248,14 +249,33 @@ struct leaves_env;
 template <class... L>
 struct leaves_env<std::tuple<L...>> : merged_env<env<>, std::remove_cvref_t<L>...> {};
 
-/// "argument 2", or "argument 1, leaf 3" for a leaf of a pytree argument.
+/// "argument 2", or "argument 1, leaf 3" for a leaf of a pytree argument, from the number of
+/// leaves of each argument.
+NAMEDAX_DECL std::string argument_name(std::span<const std::size_t> leaf_counts, std::size_t leaf);
 template <class... Args>
-std::string argument_name(std::size_t leaf) {
-  constexpr std::array<std::size_t, sizeof...(Args)> counts{leaf_count<Args>()...};
-  for (std::size_t k = 0; k < counts.size(); leaf -= counts[k], ++k)
-    if (leaf < counts[k]) return counts[k] == 1 ? message("argument ", k) : message("argument ", k, ", leaf ", leaf);
-  return message("leaf ", leaf);
-}
+inline constexpr std::array<std::size_t, sizeof...(Args)> leaf_counts_of{leaf_count<Args>()...};
+
+/// A leaf of a map's arguments as the checks see it: its in_axes entry (none: not mapped) and
+/// positional shape; `dim` is set to the positional dim the map takes.
+struct map_leaf {
+  std::optional<int> entry;
+  dims_t shape;
+  std::optional<std::size_t> dim;
+};
+/// The size of a map's axis, and whether each process of a process map was given its own
+/// slice (extent 1) rather than the whole arguments.
+struct map_extent {
+  std::size_t size = 0;
+  bool own_slices = false;
+};
+
+/// The checks of a map's arguments, compiled once: which dim of each mapped leaf the map takes
+/// and the size they agree on, against axis_size, the axis's static extent, an enclosing map
+/// of the same name, and (`processes`, nonzero for a process map) the number of processes.
+/// `leaf_counts`: the leaves of each argument, for messages.
+NAMEDAX_DECL map_extent check_map_arguments(std::string_view verb, std::string_view name, std::span<map_leaf> leaves,
+                                            std::span<const std::size_t> leaf_counts, std::size_t axis_size,
+                                            std::size_t static_extent, placement place, std::size_t processes);
 
 /// One call of a map: the arguments' leaves held and checked (which dim of each is mapped,
 /// the axis size), and the mapped function called on the arguments of one index.
@@ -277,26 +297,26 @@ class map_call {
            process_grid* processes, const Args&... args)
       : verb_(verb), f_(f), holders_(hold_all(std::tuple<const Args&...>(args...))) {
     if constexpr (outer_env::index_of(A::name) >= 0) (void)sizeof(axis_bound_twice<A>);
-    // Over plain data the types cannot show an enclosing map of the same name; the thread's frames do.
-    if (const frame* enclosing = find_frame(A::name))
-      fail("namedax::", verb, "<\"", A::name, "\">: axis '", A::name, "' is already bound by an enclosing namedax::",
-           map_verb(*enclosing), "<\"", A::name, "\">; give the inner map an axis name of its own");
-    std::optional<std::size_t> size = mapped_dims(entries);
-    if (processes) size = process_axis_size(size, axis_size, *processes);
-    if (size && axis_size && *size != axis_size)  // JAX raises too; ignoring either would map the wrong size
-      fail("namedax::", verb, "<\"", A::name, "\">: the arguments give axis size ", *size, " but axis_size is ",
-           axis_size);
-    if (!size) {
-      if (axis_size == 0)
-        fail("namedax::", verb, "<\"", A::name, "\">: no argument is mapped, so the axis size is unknown; pass axis_size");
-      size = axis_size;
-    }
-    size_ = *size;
-    if (Binding::extent != dynamic_extent && size_ != Binding::extent)
-      fail("namedax::", verb, "<\"", A::name, "\">: the axis has static size ", Binding::extent,
-           " but the arguments give ", size_);
-    if (Binding::place == placement::devices && size_ == 0)
-      fail("namedax::", verb, "<\"", A::name, "\">: cannot map over zero devices");
+    std::array<map_leaf, count> leaves;
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (
+          [&] {
+            if constexpr (mapped<K>) {
+              static_assert(!std::is_arithmetic_v<leaf_type<K>>,
+                            "namedax::vmap/pmap: a scalar argument cannot be mapped; give it in_axes namedax::none");
+              const auto& shape = held(std::get<K>(holders_)).shape();
+              const auto positional = static_cast<std::ptrdiff_t>(shape.size() - vectorized_dims_of<leaf_type<K>>());
+              leaves[K] = {std::get<K>(entries), dims_t(shape.begin(), shape.begin() + positional), {}};
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<count>{});
+    const std::size_t process_count = processes ? processes->block_size() : 0;
+    const map_extent extent = check_map_arguments(verb, A::name, leaves, leaf_counts_of<Args...>, axis_size,
+                                                  Binding::extent, Binding::place, process_count);
+    for (std::size_t k = 0; k < count; ++k) dims_[k] = leaves[k].dim;
+    size_ = extent.size;
+    own_slices_ = extent.own_slices;
   }
 
   [[nodiscard]] std::string_view verb() const { return verb_; }
@@ -306,58 +326,20 @@ class map_call {
 
   /// The mapped function on the arguments of index `index`, pytrees built again around views.
   auto operator()(std::size_t index) const {
-    auto leaves = [&]<std::size_t... K>(std::index_sequence<K...>) {
-      return std::tuple{argument<K>(index)...};
-    }(std::make_index_sequence<count>{});
-    auto args = tree_unflatten<std::tuple<Args...>>(leaves);
-    return std::apply(f_, std::move(args));
+    if constexpr (flat_node<std::tuple<Args...>>) {  // no pytree to build: one leaf per argument
+      return [&]<std::size_t... K>(std::index_sequence<K...>) { return f_(argument<K>(index)...); }(
+          std::make_index_sequence<count>{});
+    } else {
+      auto leaves = [&]<std::size_t... K>(std::index_sequence<K...>) {
+        return std::tuple{argument<K>(index)...};
+      }(std::make_index_sequence<count>{});
+      return unpack(tree_unflatten<std::tuple<Args...>>(leaves), f_);
+    }
   }
 
  private:
   static auto hold_all(const std::tuple<const Args&...>& args) {
-    return std::apply([](const auto&... leaf) { return std::tuple{hold(leaf)...}; }, tree_leaves(args));
-  }
-
-  /// Which positional dim of each mapped leaf the map takes, and the size they agree on.
-  std::optional<std::size_t> mapped_dims(const InEntries& entries) {
-    std::optional<std::size_t> size;
-    std::size_t size_from = 0;
-    [&]<std::size_t... K>(std::index_sequence<K...>) {
-      (
-          [&] {
-            if constexpr (mapped<K>) {
-              static_assert(!std::is_arithmetic_v<leaf_type<K>>,
-                            "namedax::vmap/pmap: a scalar argument cannot be mapped; give it in_axes namedax::none");
-              const auto& c = held(std::get<K>(holders_));
-              const std::size_t rank = c.dimension() - vectorized_dims_of<leaf_type<K>>();
-              const std::size_t d = canonical_axis(verb_, A::name, message("in_axes of ", argument_name<Args...>(K)),
-                                                   std::get<K>(entries), rank);
-              dims_[K] = d;
-              if (size && *size != c.shape()[d])
-                fail("namedax::", verb_, "<\"", A::name, "\">: mapped arguments differ in size along the axis: ",
-                     argument_name<Args...>(size_from), " has ", *size, ", ", argument_name<Args...>(K), " has ",
-                     c.shape()[d], " (positional shape ",
-                     std::vector<std::size_t>(c.shape().begin(), c.shape().begin() + static_cast<std::ptrdiff_t>(rank)),
-                     ")");
-              if (!size) size = c.shape()[d], size_from = K;
-            }
-          }(),
-          ...);
-    }(std::make_index_sequence<count>{});
-    return size;
-  }
-
-  /// A process map may also take each process's own slice (extent 1), and defaults to every process.
-  std::size_t process_axis_size(std::optional<std::size_t> size, std::size_t axis_size, process_grid& processes) {
-    const std::size_t available = processes.block_size();
-    const std::size_t given = axis_size ? axis_size : size && *size != 1 ? *size : available;
-    own_slices_ = size && *size == 1 && given != 1;
-    if (size && !own_slices_ && *size != given)
-      fail("namedax::", verb_, "<\"", A::name, "\">: the arguments give axis size ", *size, " but axis_size is ", given);
-    if (given == 0 || available % given != 0)
-      fail("namedax::", verb_, "<\"", A::name, "\">: an axis of size ", given, " cannot be spread over ", available,
-           " processes; the number of processes must be a multiple of the axis size");
-    return given;
+    return unpack(tree_leaves(args), [](const auto&... leaf) { return std::tuple{hold(leaf)...}; });
   }
 
   template <std::size_t K>
@@ -437,16 +419,14 @@ auto run_vectorized(const Call& call, const OutAxes& out_axes, Dest& dest) {
 /// not copied), anything else is evaluated.
 template <class Inner, class Result>
 auto evaluate_leaves(const Result& r) {
-  return std::apply(
-      [](const auto&... leaf) {
-        return std::tuple{[&] {
-          const auto& payload = to_inner<Inner>(leaf).payload();
-          using P = std::remove_cvref_t<decltype(payload)>;
-          if constexpr (owns_its_data<P>) return payload;
-          else return evaluate(payload);
-        }()...};
-      },
-      tree_leaves(r));
+  return unpack(tree_leaves(r), [](const auto&... leaf) {
+    return std::tuple{[&] {
+      const auto& payload = to_inner<Inner>(leaf).payload();
+      using P = std::remove_cvref_t<decltype(payload)>;
+      if constexpr (owns_its_data<P>) return payload;
+      else return evaluate(payload);
+    }()...};
+  });
 }
 
 /// A result leaf's output from its slabs (one per index; one alone for out_axes none), each
@@ -498,15 +478,13 @@ auto run_on_devices(const Call& call, const OutAxes& out_axes, Dest& dest) {
 template <class Result, class OutAxes>
 std::string describe_out_axes(const OutAxes& out_axes) {
   std::string text;
-  std::apply(
-      [&](const auto&... entry) {
-        ((text += [&] {
-           if constexpr (std::is_same_v<std::remove_cvref_t<decltype(entry)>, none_t>) return std::string(" none");
-           else return message(" ", entry);
-         }()),
-         ...);
-      },
-      spread_prefix<Result>(out_axes));
+  unpack(spread_prefix<Result>(out_axes), [&](const auto&... entry) {
+    ((text += [&] {
+       if constexpr (std::is_same_v<std::remove_cvref_t<decltype(entry)>, none_t>) return std::string(" none");
+       else return message(" ", entry);
+     }()),
+     ...);
+  });
   return text;
 }
 
@@ -535,13 +513,11 @@ auto run_on_processes(const Call& call, const OutAxes& out_axes, process_grid& p
     grid->raise_everywhere(std::current_exception());
   }
   std::string shapes;
-  std::apply(
-      [&](const auto&... leaf) {
-        ((shapes += message(" ", std::vector<std::size_t>(leaf.shape().begin(), leaf.shape().end()), " ",
-                            dtype_name<typename std::remove_cvref_t<decltype(leaf)>::value_type>())),
-         ...);
-      },
-      *mine);
+  unpack(*mine, [&](const auto&... leaf) {
+    ((shapes += message(" ", std::vector<std::size_t>(leaf.shape().begin(), leaf.shape().end()), " ",
+                        dtype_name<typename std::remove_cvref_t<decltype(leaf)>::value_type>())),
+     ...);
+  });
   grid->agree_always(message("return from ", what, " with results", shapes), what);
   const std::string_view names[] = {name};
   process_channel& channel = grid->channel(names, nullptr);
@@ -653,6 +629,61 @@ class mapped_function {
 };
 
 #if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+
+NAMEDAX_DECL std::string argument_name(std::span<const std::size_t> leaf_counts, std::size_t leaf) {
+  for (std::size_t k = 0; k < leaf_counts.size(); leaf -= leaf_counts[k], ++k)
+    if (leaf < leaf_counts[k])
+      return leaf_counts[k] == 1 ? message("argument ", k) : message("argument ", k, ", leaf ", leaf);
+  return message("leaf ", leaf);
+}
+
+NAMEDAX_DECL map_extent check_map_arguments(std::string_view verb, std::string_view name, std::span<map_leaf> leaves,
+                                            std::span<const std::size_t> leaf_counts, std::size_t axis_size,
+                                            std::size_t static_extent, placement place, std::size_t processes) {
+  // Over plain data the types cannot show an enclosing map of the same name; the thread's frames do.
+  if (const frame* enclosing = find_frame(name))
+    fail("namedax::", verb, "<\"", name, "\">: axis '", name, "' is already bound by an enclosing namedax::",
+         map_verb(*enclosing), "<\"", name, "\">; give the inner map an axis name of its own");
+  std::optional<std::size_t> size;
+  std::size_t size_from = 0;
+  for (std::size_t k = 0; k < leaves.size(); ++k) {
+    map_leaf& leaf = leaves[k];
+    if (!leaf.entry) continue;
+    const std::size_t d = canonical_axis(verb, name, message("in_axes of ", argument_name(leaf_counts, k)), *leaf.entry,
+                                         leaf.shape.size());
+    leaf.dim = d;
+    if (size && *size != leaf.shape[d])
+      fail("namedax::", verb, "<\"", name, "\">: mapped arguments differ in size along the axis: ",
+           argument_name(leaf_counts, size_from), " has ", *size, ", ", argument_name(leaf_counts, k), " has ",
+           leaf.shape[d], " (positional shape ", leaf.shape, ")");
+    if (!size) size = leaf.shape[d], size_from = k;
+  }
+  map_extent extent;
+  if (processes) {  // a process map may also take each process's own slice (extent 1), and defaults to every process
+    const std::size_t given = axis_size ? axis_size : size && *size != 1 ? *size : processes;
+    extent.own_slices = size && *size == 1 && given != 1;
+    if (size && !extent.own_slices && *size != given)
+      fail("namedax::", verb, "<\"", name, "\">: the arguments give axis size ", *size, " but axis_size is ", given);
+    if (given == 0 || processes % given != 0)
+      fail("namedax::", verb, "<\"", name, "\">: an axis of size ", given, " cannot be spread over ", processes,
+           " processes; the number of processes must be a multiple of the axis size");
+    size = given;
+  }
+  if (size && axis_size && *size != axis_size)  // JAX raises too; ignoring either would map the wrong size
+    fail("namedax::", verb, "<\"", name, "\">: the arguments give axis size ", *size, " but axis_size is ", axis_size);
+  if (!size) {
+    if (axis_size == 0)
+      fail("namedax::", verb, "<\"", name, "\">: no argument is mapped, so the axis size is unknown; pass axis_size");
+    size = axis_size;
+  }
+  extent.size = *size;
+  if (static_extent != dynamic_extent && extent.size != static_extent)
+    fail("namedax::", verb, "<\"", name, "\">: the axis has static size ", static_extent, " but the arguments give ",
+         extent.size);
+  if (place == placement::devices && extent.size == 0)
+    fail("namedax::", verb, "<\"", name, "\">: cannot map over zero devices");
+  return extent;
+}
 NAMEDAX_DECL std::size_t canonical_axis(std::string_view verb, std::string_view name, std::string_view what, int axis,
                                         std::size_t count) {
   const int n = static_cast<int>(count);

@@ -6,6 +6,7 @@
 
 #include <namedax/detail/all_gather.hpp>
 #include <namedax/detail/compilation.hpp>
+#include <namedax/detail/unpack.hpp>
 
 #include <array>
 #include <string>
@@ -126,13 +127,13 @@ std::tuple<shared_array<T>...> permute_by_reference(std::string_view verb, const
     thread_local std::string leaves;  // keeps its capacity
     leaves.assign(options), write_part(leaves, " of "), write_part(leaves, count), leaves += " leaves:";
     const char* separator = " ";
-    std::apply([&](const auto*... leaf) {
+    unpack(mine, [&](const auto*... leaf) {
       ((leaves += separator, write_part(leaves, dims_t(leaf->shape().begin(), leaf->shape().end())), leaves += ' ',
         leaves += dtype_name<typename std::remove_cvref_t<decltype(*leaf)>::value_type>(), separator = ", "), ...);
-    }, mine);
+    });
     options = leaves;
   }
-  const auto offered = std::apply([](const auto*... leaf) { return std::array<const void*, count>{leaf...}; }, mine);
+  const auto offered = unpack(mine, [](const auto*... leaf) { return std::array<const void*, count>{leaf...}; });
   using first_type = std::tuple_element_t<0, std::tuple<T...>>;
   pointer_exchange exchange(join(names), &offered, call_of<first_type>(verb, axes, options, std::nullopt, shape), 0,
                             exchange_form::references);

@@ -4,6 +4,7 @@
 // IWYU pragma: private, include <namedax/namedax.hpp>
 #pragma once
 
+#include <namedax/detail/unpack.hpp>
 #include <namedax/named_shape.hpp>
 
 #include <boost/hana/accessors.hpp>
@@ -53,7 +54,9 @@ auto children(X& x) {
     return boost::hana::unpack(boost::hana::accessors<node>(),
                                [&](auto... member) { return std::tie(boost::hana::second(member)(x)...); });
   else
-    return std::apply([](auto&... child) { return std::tie(child...); }, x);
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple<decltype(std::get<I>(x))...>(std::get<I>(x)...);
+    }(std::make_index_sequence<std::tuple_size_v<node>>{});
 }
 
 /// The struct template `X` is made of, with the types of `Parts` as its arguments: one per
@@ -96,7 +99,7 @@ auto make_like(Parts&&... parts) {
 template <class X, class Leaf>
 auto tree_map(const X& x, Leaf&& leaf) {
   if constexpr (is_node<X>) {
-    return std::apply([&](const auto&... xs) { return make_like<X>(tree_map(xs, leaf)...); }, children(x));
+    return unpack(children(x), [&](const auto&... xs) { return make_like<X>(tree_map(xs, leaf)...); });
   } else {
     return leaf(x);
   }
@@ -105,9 +108,15 @@ auto tree_map(const X& x, Leaf&& leaf) {
 /// Calls `f` on every leaf of a pytree, in order.
 template <class X, class F>
 void tree_for_each(const X& x, F&& f) {
-  if constexpr (is_node<X>) std::apply([&](const auto&... xs) { (tree_for_each(xs, f), ...); }, children(x));
+  if constexpr (is_node<X>) unpack(children(x), [&](const auto&... xs) { (tree_for_each(xs, f), ...); });
   else f(x);
 }
+
+/// A node whose children are leaves alone.
+template <class X>
+inline constexpr bool flat_node = false;
+template <class... T>
+inline constexpr bool flat_node<std::tuple<T...>> = (!is_node<std::remove_cvref_t<T>> && ...);
 
 /// The number of leaves of a pytree of type X.
 template <class X>
@@ -123,12 +132,16 @@ constexpr std::size_t leaf_count() {
 }
 
 /// The leaves of a pytree, in order, as a std::tuple of references (const for a const tree).
+/// A node whose children are all leaves (the usual arguments of a map) is its own children,
+/// without std::tuple_cat, which costs every new type of a map's arguments a few instantiations.
 template <class X>
 auto tree_leaves(X& x) {
-  if constexpr (is_node<std::remove_const_t<X>>)
-    return std::apply([](auto&... c) { return std::tuple_cat(tree_leaves(c)...); }, children(x));
-  else
+  if constexpr (!is_node<std::remove_const_t<X>>)
     return std::tuple<X&>(x);
+  else if constexpr (flat_node<std::remove_const_t<X>>)
+    return children(x);
+  else
+    return unpack(children(x), [](auto&... c) { return std::tuple_cat(tree_leaves(c)...); });
 }
 
 /// A pytree shaped as `X` whose leaves are `leaves` from position `Offset` on (a std::tuple, in

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <namedax/detail/map.hpp>
+#include <namedax/detail/unpack.hpp>
 
 #include <xtensor/xadapt.hpp>
 
@@ -328,12 +329,12 @@ auto run_shard_map(const F& f, const Mesh& m, const InSpecs& in_specs, const Out
   using specs_type = decltype(spread_prefix<std::tuple<Args...>>(in_specs));
   const auto leaves = tree_leaves(arguments);
   constexpr std::size_t count = std::tuple_size_v<decltype(leaves)>;
-  const auto holders = std::apply([](const auto&... leaf) { return std::tuple{hold(leaf)...}; }, leaves);
+  const auto holders = unpack(leaves, [](const auto&... leaf) { return std::tuple{hold(leaf)...}; });
   const auto mesh_sizes = m.sizes();
   const auto blocks = [&]<std::size_t... K>(std::index_sequence<K...>) {
     return std::tuple{split_leaf<std::tuple_element_t<K, specs_type>, MeshEnv, K,
                                  std::remove_cvref_t<std::tuple_element_t<K, decltype(leaves)>>>(
-        std::get<K>(holders), mesh_sizes, argument_name<Args...>(K))...};
+        std::get<K>(holders), mesh_sizes, argument_name(leaf_counts_of<Args...>, K))...};
   }(std::make_index_sequence<count>{});
 
   // The function as the innermost map calls it: the argument pytrees built again around the
@@ -341,7 +342,7 @@ auto run_shard_map(const F& f, const Mesh& m, const InSpecs& in_specs, const Out
   // environment's carrier, dropped here.
   auto body = [&f](const auto&... block) {
     auto flat = std::tuple{block...};
-    auto result = std::apply(f, tree_unflatten<std::tuple<Args...>>(flat));
+    auto result = unpack(tree_unflatten<std::tuple<Args...>>(flat), f);
     using out_specs_type = decltype(spread_prefix<decltype(result)>(std::declval<const OutSpecs&>()));
     const auto result_leaves = tree_leaves(result);
     [&]<std::size_t... K>(std::index_sequence<K...>) {

@@ -7,6 +7,7 @@
 
 #include <namedax/detail/compilation.hpp>
 #include <namedax/detail/pgather.hpp>
+#include <namedax/detail/unpack.hpp>
 #include <namedax/named_array.hpp>
 
 #include <xtensor/xbroadcast.hpp>
@@ -197,12 +198,10 @@ struct view_op {
       return make_named<decltype(xt::strided_view(std::move(payload), xt::xstrided_slice_vector{})), Env, Y::varying>(
           xt::strided_view(std::move(payload), expanded(shape, taking)));
     } else {
-      return std::apply(
-          [&](const auto&... s) {
-            auto v = select(y.payload(), shape, s...);
-            return make_named<decltype(v), Env, Y::varying>(std::move(v));
-          },
-          slices);
+      return unpack(slices, [&](const auto&... s) {
+        auto v = select(y.payload(), shape, s...);
+        return make_named<decltype(v), Env, Y::varying>(std::move(v));
+      });
     }
   }
 
@@ -232,24 +231,22 @@ struct view_op {
   xt::xstrided_slice_vector expanded(const std::vector<std::size_t>& shape, std::size_t taking) const {
     xt::xstrided_slice_vector out;
     std::size_t d = 0;
-    std::apply(
-        [&](const auto&... s) {
-          auto add = [&](const auto& slice) {
-            using T = std::remove_cvref_t<decltype(slice)>;
-            if constexpr (is_ellipsis_slice<T>) {
-              for (std::size_t k = 0; k < shape.size() - taking; ++k) out.push_back(xt::all());
-              d += shape.size() - taking;
-            } else if constexpr (is_newaxis_slice<T>) {
-              out.push_back(xt::newaxis());
-            } else if constexpr (std::is_integral_v<T>) {
-              out.push_back(static_cast<std::ptrdiff_t>(normalized_slice(slice, shape[d], d))), ++d;
-            } else {
-              out.push_back(normalized_slice(slice, shape[d], d)), ++d;
-            }
-          };
-          (add(s), ...);
-        },
-        slices);
+    unpack(slices, [&](const auto&... s) {
+      auto add = [&](const auto& slice) {
+        using T = std::remove_cvref_t<decltype(slice)>;
+        if constexpr (is_ellipsis_slice<T>) {
+          for (std::size_t k = 0; k < shape.size() - taking; ++k) out.push_back(xt::all());
+          d += shape.size() - taking;
+        } else if constexpr (is_newaxis_slice<T>) {
+          out.push_back(xt::newaxis());
+        } else if constexpr (std::is_integral_v<T>) {
+          out.push_back(static_cast<std::ptrdiff_t>(normalized_slice(slice, shape[d], d))), ++d;
+        } else {
+          out.push_back(normalized_slice(slice, shape[d], d)), ++d;
+        }
+      };
+      (add(s), ...);
+    });
     return out;
   }
 };
@@ -364,7 +361,7 @@ struct dynamic_slice_op {
 
 template <class X, class Starts, std::size_t R>
 auto dynamic_slice(const X& x, const Starts& starts, const std::array<std::size_t, R>& sizes) {
-  return std::apply([&](const auto&... s) { return when_resolved(dynamic_slice_op<R>{sizes}, x, s...); }, starts);
+  return unpack(starts, [&](const auto&... s) { return when_resolved(dynamic_slice_op<R>{sizes}, x, s...); });
 }
 
 /// Named so that a failing static_assert prints both element types.
@@ -442,8 +439,7 @@ struct dynamic_update_slice_op {
 
 template <class X, class U, class Starts>
 auto dynamic_update_slice(const X& x, const U& update, const Starts& starts) {
-  return std::apply([&](const auto&... s) { return when_resolved(dynamic_update_slice_op<>{}, x, update, s...); },
-                    starts);
+  return unpack(starts, [&](const auto&... s) { return when_resolved(dynamic_update_slice_op<>{}, x, update, s...); });
 }
 
 /// dynamic_update_slice of a value its caller gives up: where nothing else holds its array and
@@ -457,7 +453,7 @@ auto update_slice_in_place(named<shared_array<T>, Env, Varying>&& x, const U& up
     return dynamic_update_slice(make_named<shared_array<T>, Env, Varying>(std::move(payload)), update, starts);
   const auto held = make_named<shared_array<T>, Env, Varying>(payload);  // shares the array
   const dynamic_update_slice_op<shared_array<T>> into{&payload};
-  return std::apply([&](const auto&... s) { return when_resolved(into, held, update, s...); }, starts);
+  return unpack(starts, [&](const auto&... s) { return when_resolved(into, held, update, s...); });
 }
 
 // ---------------------------------------------------------------- concat and stack
@@ -498,11 +494,10 @@ struct join_op {
     constexpr axis_mask varying = (mask_of<Ys>() | ...);
     constexpr std::string_view verb = Stack ? "stack" : "concat";
     auto payloads = std::tuple{payload_in<Env>(ys)...};
-    const std::vector<std::vector<std::size_t>> shapes = std::apply(
-        [](const auto&... p) { return std::vector<std::vector<std::size_t>>{positional_shape(p, Env::vectorized_count)...}; },
-        payloads);
-    const std::vector<std::size_t> out_trailing = std::apply(
-        [](const auto&... p) { return broadcast_trailing({trailing_shape(p, Env::vectorized_count)...}); }, payloads);
+    const std::vector<std::vector<std::size_t>> shapes = unpack(payloads,
+        [](const auto&... p) { return std::vector<std::vector<std::size_t>>{positional_shape(p, Env::vectorized_count)...}; });
+    const std::vector<std::size_t> out_trailing = unpack(payloads,
+        [](const auto&... p) { return broadcast_trailing({trailing_shape(p, Env::vectorized_count)...}); });
     const auto& first = shapes[0];
     if (!Stack && first.empty())
       fail("namedax::concat: the values have positional rank 0; concatenate values of rank 1 or more, or stack scalars");
@@ -528,24 +523,22 @@ struct join_op {
     if (Stack) part_strides.erase(part_strides.begin() + static_cast<std::ptrdiff_t>(d));
     const std::ptrdiff_t step = out_strides[d];
     std::size_t at = 0, k = 0;
-    std::apply(
-        [&](const auto&... p) {
-          auto put = [&](const auto& payload) {
-            std::vector<std::size_t> part = shapes[k++];
-            part.insert(part.end(), out_trailing.begin(), out_trailing.end());
-            evaluate_into<T>(payload, part, out.data() + static_cast<std::ptrdiff_t>(at) * step, part_strides);
-            at += Stack ? 1 : part[d];
-          };
-          (put(p), ...);
-        },
-        payloads);
+    unpack(payloads, [&](const auto&... p) {
+      auto put = [&](const auto& payload) {
+        std::vector<std::size_t> part = shapes[k++];
+        part.insert(part.end(), out_trailing.begin(), out_trailing.end());
+        evaluate_into<T>(payload, part, out.data() + static_cast<std::ptrdiff_t>(at) * step, part_strides);
+        at += Stack ? 1 : part[d];
+      };
+      (put(p), ...);
+    });
     return make_named<shared_array<T>, Env, varying>(share_array(std::move(out)));
   }
 };
 
 template <bool Stack, class Values>
 auto join(const Values& values, std::ptrdiff_t dim) {
-  return std::apply([&](const auto&... xs) { return when_resolved(join_op<Stack>{dim}, xs...); }, values);
+  return unpack(values, [&](const auto&... xs) { return when_resolved(join_op<Stack>{dim}, xs...); });
 }
 
 // ---------------------------------------------------------------- the reshape family
