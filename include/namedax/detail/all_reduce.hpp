@@ -140,7 +140,7 @@ constexpr bool fusable_leaves() {
   if constexpr (!is_node<X>) {
     return false;
   } else {
-    using first = std::remove_cvref_t<std::tuple_element_t<0, decltype(children(std::declval<const X&>()))>>;
+    using first = child_t<X, 0>;
     return every_child<X>([]<class L>(std::type_identity<L>) {
       if constexpr (varies_along_all<L, Names...>() && NamedValue<first>)
         return std::is_same_v<accumulate_t<K, typename L::value_type>, accumulate_t<K, typename first::value_type>>;
@@ -165,13 +165,12 @@ std::array<strided_block<T>, N> leaf_blocks(const X& x, std::array<xt::xarray<T>
 /// of one accumulated type that vary along every name (fusable_leaves).
 template <class Verb, reduction K, bool Grouped, class X, class... Names, class Applies, class Reduce>
 auto fused_reduction(const X& x, const std::optional<groups_t>& groups, Applies applies, Reduce reduce) {
-  using parts = decltype(children(x));
-  using first = std::remove_cvref_t<std::tuple_element_t<0, parts>>;
+  using first = child_t<X, 0>;
   using T = accumulate_t<K, typename first::value_type>;
   using result = decltype(tree_map(x, [&](const auto& leaf) {
     return all_reduce_leaf<Verb, K, Grouped>(leaf, axis_list<0, Names...>{}, groups);
   }));
-  constexpr std::size_t count = std::tuple_size_v<parts>;
+  constexpr std::size_t count = child_count<X>;
   std::optional<result> out;
   const auto axes = describe_named_axes<first, Names...>(Verb::name);
   if (!applies(std::span<const named_axis>(axes))) return out;
@@ -179,7 +178,7 @@ auto fused_reduction(const X& x, const std::optional<groups_t>& groups, Applies 
   auto reduced = reduce(std::span<const named_axis>(axes), leaf_blocks<T>(x, storage));
   if (!reduced) return out;
   out.emplace([&]<std::size_t... I>(std::index_sequence<I...>) {
-    return make_like<X>(reduced_value<K, Grouped, std::remove_cvref_t<std::tuple_element_t<I, parts>>, Names...>(
+    return make_like<X>(reduced_value<K, Grouped, child_t<X, I>, Names...>(
         std::move(reduced->first[I]), std::move(reduced->second[I]), 1.0f)...);
   }(std::make_index_sequence<count>{}));
   return out;

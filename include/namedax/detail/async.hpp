@@ -667,11 +667,10 @@ auto async_leaves_of(const X& x, type_list<Names...>) {
   if constexpr (async_leaf_varies<X, Names...>()) {
     return std::tuple<const X&>{x};
   } else if constexpr (is_node<X>) {
-    using parts = decltype(children(x));
     constexpr bool all = []<std::size_t... I>(std::index_sequence<I...>) {
-      return ((async_leaf_varies<std::remove_cvref_t<std::tuple_element_t<I, parts>>, Names...>() && ...));
-    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
-    if constexpr (all && std::tuple_size_v<parts> > 0 && std::tuple_size_v<parts> <= async_depth) return children(x);
+      return ((async_leaf_varies<child_t<X, I>, Names...>() && ...));
+    }(std::make_index_sequence<child_count<X>>{});
+    if constexpr (all && child_count<X> > 0 && child_count<X> <= async_depth) return children(x);
     else return std::tuple<>{};
   } else {
     return std::tuple<>{};

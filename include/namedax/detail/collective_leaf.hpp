@@ -46,10 +46,9 @@ constexpr bool every_child(Holds holds) {
   if constexpr (!is_node<X>) {
     return false;
   } else {
-    using parts = decltype(children(std::declval<const X&>()));
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return (holds(std::type_identity<std::remove_cvref_t<std::tuple_element_t<I, parts>>>{}) && ...);
-    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+      return (holds(std::type_identity<child_t<X, I>>{}) && ...);
+    }(std::make_index_sequence<child_count<X>>{});
   }
 }
 

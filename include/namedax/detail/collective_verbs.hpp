@@ -166,7 +166,6 @@ constexpr bool node_movable_by_reference(type_list<Names...>) {
 /// exchange for all the leaves. Nothing otherwise: the leaves then go one by one.
 template <class Verb, class X, class... Names, class PairsOf>
 auto permute_node(const X& x, type_list<Names...>, PairsOf pairs_of) {
-  using parts = decltype(children(x));
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
     // Leaf I's result: the array received, typed as permute_leaf types it.
     auto typed = []<class L>(std::type_identity<L>, shared_array<typename L::value_type> array) {
@@ -174,7 +173,7 @@ auto permute_node(const X& x, type_list<Names...>, PairsOf pairs_of) {
       return make_named<shared_array<typename L::value_type>, Env, L::varying | Env::template mask_of<Names...>()>(
           std::move(array));
     };
-    using leaf = std::tuple<std::type_identity<std::remove_cvref_t<std::tuple_element_t<I, parts>>>...>;
+    using leaf = std::tuple<std::type_identity<child_t<X, I>>...>;
     std::optional<decltype(make_like<X>(typed(std::tuple_element_t<I, leaf>{}, std::declval<shared_array<
         typename std::tuple_element_t<I, leaf>::type::value_type>>())...))> out;
     using first = typename std::tuple_element_t<0, leaf>::type;
@@ -186,7 +185,7 @@ auto permute_node(const X& x, type_list<Names...>, PairsOf pairs_of) {
                                       pairs_of(std::span<const named_axis>(axes)));
     out.emplace(make_like<X>(typed(std::tuple_element_t<I, leaf>{}, std::move(std::get<I>(moved)))...));
     return out;
-  }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+  }(std::make_index_sequence<child_count<X>>{});
 }
 
 /// ppermute and pshuffle of every leaf: one exchange for a node movable by reference,

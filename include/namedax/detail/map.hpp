@@ -455,8 +455,10 @@ auto run_on_devices(const Call& call, const OutAxes& out_axes, Dest& dest) {
   using result_type = decltype(call(0));
   constexpr std::string_view name = Binding::axis_type::name;
   const std::size_t n = call.size();
-  std::vector<std::optional<decltype(evaluate_leaves<Inner>(std::declval<const result_type&>()))>> results(n);
-  run_devices(name, n, [&](std::size_t d) { results[d] = evaluate_leaves<Inner>(call(d)); });
+  // One slot per device, filled by its thread: an array, cheaper to compile than a std::vector of them.
+  using leaves_type = decltype(evaluate_leaves<Inner>(std::declval<const result_type&>()));
+  const auto results = std::make_unique<std::optional<leaves_type>[]>(n);
+  run_devices(name, n, [&](std::size_t d) { results[d].emplace(evaluate_leaves<Inner>(call(d))); });
   return each_output<result_type>(out_axes, [&]<std::size_t K>(auto entry) {
     using L = std::remove_cvref_t<std::tuple_element_t<K, decltype(tree_leaves(std::declval<const result_type&>()))>>;
     check_unstacked<Binding, Inner, K, decltype(entry), L>();

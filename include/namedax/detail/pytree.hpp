@@ -59,6 +59,30 @@ auto children(X& x) {
     }(std::make_index_sequence<std::tuple_size_v<node>>{});
 }
 
+/// The children's types of a node of type X, as a tuple-like type (its own type for a std::
+/// tuple, pair or array): the type computations below need no call of children().
+template <class X>
+struct child_types {
+  using type = decltype(children(std::declval<const X&>()));
+};
+template <class... T>
+struct child_types<std::tuple<T...>> {
+  using type = std::tuple<T...>;
+};
+template <class A, class B>
+struct child_types<std::pair<A, B>> {
+  using type = std::pair<A, B>;
+};
+template <class T, std::size_t N>
+struct child_types<std::array<T, N>> {
+  using type = std::array<T, N>;
+};
+/// The type of child I of a node of type X, and the number of its children.
+template <class X, std::size_t I>
+using child_t = std::remove_cvref_t<std::tuple_element_t<I, typename child_types<X>::type>>;
+template <class X>
+inline constexpr std::size_t child_count = std::tuple_size_v<typename child_types<X>::type>;
+
 /// The struct template `X` is made of, with the types of `Parts` as its arguments: one per
 /// member, or one for all when the template has one parameter.
 template <class X, class... Parts>
@@ -122,10 +146,9 @@ inline constexpr bool flat_node<std::tuple<T...>> = (!is_node<std::remove_cvref_
 template <class X>
 constexpr std::size_t leaf_count() {
   if constexpr (is_node<X>) {
-    using parts = decltype(children(std::declval<const X&>()));
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return (std::size_t{0} + ... + leaf_count<std::remove_cvref_t<std::tuple_element_t<I, parts>>>());
-    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (std::size_t{0} + ... + leaf_count<child_t<X, I>>());
+    }(std::make_index_sequence<child_count<X>>{});
   } else {
     return 1;
   }
@@ -149,16 +172,15 @@ auto tree_leaves(X& x) {
 template <class X, std::size_t Offset = 0, class Leaves>
 auto tree_unflatten(Leaves& leaves) {
   if constexpr (is_node<X>) {
-    using parts = decltype(children(std::declval<const X&>()));
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      constexpr std::array<std::size_t, sizeof...(I)> sizes{leaf_count<std::remove_cvref_t<std::tuple_element_t<I, parts>>>()...};
+      constexpr std::array<std::size_t, sizeof...(I)> sizes{leaf_count<child_t<X, I>>()...};
       [[maybe_unused]] constexpr auto before = [sizes](std::size_t i) {
         std::size_t n = 0;
         for (std::size_t k = 0; k < i; ++k) n += sizes[k];
         return n;
       };
-      return make_like<X>(tree_unflatten<std::remove_cvref_t<std::tuple_element_t<I, parts>>, Offset + before(I)>(leaves)...);
-    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+      return make_like<X>(tree_unflatten<child_t<X, I>, Offset + before(I)>(leaves)...);
+    }(std::make_index_sequence<child_count<X>>{});
   } else {
     return std::move(std::get<Offset>(leaves));
   }
@@ -184,16 +206,12 @@ constexpr bool prefix_fits() {
   } else if constexpr (!is_node<Tree>) {
     return false;
   } else {
-    using parts = decltype(children(std::declval<const Tree&>()));
-    using entries = decltype(children(std::declval<const Prefix&>()));
-    if constexpr (std::tuple_size_v<parts> != std::tuple_size_v<entries>) {
+    if constexpr (child_count<Tree> != child_count<Prefix>) {
       return false;
     } else {
       return []<std::size_t... I>(std::index_sequence<I...>) {
-        return (prefix_fits<std::remove_cvref_t<std::tuple_element_t<I, parts>>,
-                            std::remove_cvref_t<std::tuple_element_t<I, entries>>>() &&
-                ...);
-      }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+        return (prefix_fits<child_t<Tree, I>, child_t<Prefix, I>>() && ...);
+      }(std::make_index_sequence<child_count<Tree>>{});
     }
   }
 }
@@ -202,7 +220,7 @@ constexpr bool prefix_fits() {
 /// `Whole` (one entry stands for all of them).
 template <class Prefix, std::size_t Whole>
 constexpr std::size_t prefix_entries() {
-  if constexpr (is_node<Prefix>) return std::tuple_size_v<decltype(children(std::declval<const Prefix&>()))>;
+  if constexpr (is_node<Prefix>) return child_count<Prefix>;
   else return Whole;
 }
 
@@ -216,16 +234,16 @@ auto spread_prefix(const Prefix& prefix) {
       return std::tuple{(static_cast<void>(L), prefix)...};
     }(std::make_index_sequence<leaf_count<Tree>()>{});
   } else {
-    using parts = decltype(children(std::declval<const Tree&>()));
-    using entries = decltype(children(prefix));
-    if constexpr (!is_node<Tree> || std::tuple_size_v<parts> != std::tuple_size_v<entries>) {
+    if constexpr (!is_node<Tree>) {
+      (void)sizeof(prefix_does_not_match_tree<Tree, Prefix>);
+      return std::tuple{};
+    } else if constexpr (child_count<Tree> != child_count<Prefix>) {
       (void)sizeof(prefix_does_not_match_tree<Tree, Prefix>);
       return std::tuple{};
     } else {
       return [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return std::tuple_cat(
-            spread_prefix<std::remove_cvref_t<std::tuple_element_t<I, parts>>>(std::get<I>(children(prefix)))...);
-      }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+        return std::tuple_cat(spread_prefix<child_t<Tree, I>>(std::get<I>(children(prefix)))...);
+      }(std::make_index_sequence<child_count<Tree>>{});
     }
   }
 }

@@ -387,9 +387,8 @@ constexpr std::size_t first_misfit_argument() {
   if constexpr (prefix_entries<InSpecs, sizeof...(Args)>() != sizeof...(Args) || !is_node<InSpecs>) {
     return sizeof...(Args);
   } else {
-    using entries = decltype(children(std::declval<const InSpecs&>()));
     return []<std::size_t... K>(std::index_sequence<K...>) {
-      const bool fits[] = {prefix_fits<Args, std::remove_cvref_t<std::tuple_element_t<K, entries>>>()..., false};
+      const bool fits[] = {prefix_fits<Args, child_t<InSpecs, K>>()..., false};
       std::size_t k = 0;
       while (fits[k]) ++k;
       return k;
