@@ -91,16 +91,14 @@ N fit(const R& r, const std::vector<std::size_t>& shape);
 
 /// A recorded value of type N (named<shared_array<T>, Env, Varying>) and its cotangent, which
 /// has N's type: contributions are summed where they vary and N does not, and over the
-/// positional dims they were broadcast along (see fit).
+/// positional dims they were broadcast along (see fit). An input has no pullback; an
+/// operation's result is a pulled_cell.
 template <class N>
-struct cell final : node {
-  using pullback_type = std::function<void(const N&)>;
-
-  cell(N value, std::vector<std::shared_ptr<node>> operands, pullback_type pb)
-      : node(std::move(operands)), primal(std::move(value)), pullback(std::move(pb)) {}
+struct cell : node {
+  cell(N value, std::vector<std::shared_ptr<node>> operands) : node(std::move(operands)), primal(std::move(value)) {}
 
   void propagate() override {
-    if (cotangent && pullback) pullback(*cotangent);
+    if (cotangent) pull(*cotangent);
   }
   void forget() override { cotangent.reset(); }
 
@@ -113,8 +111,30 @@ struct cell final : node {
 
   N primal;
   std::optional<N> cotangent;
-  pullback_type pullback;
+
+ private:
+  /// Adds the cotangent `ct`'s contributions to the operands' cotangents.
+  virtual void pull(const N& /*ct*/) {}
 };
+
+/// A cell with its pullback, called through the cell's virtual function rather than a
+/// std::function: each operation's pullback then costs one class, not std::function's
+/// manager and invoker.
+template <class N, class Pullback>
+struct pulled_cell final : cell<N> {
+  pulled_cell(N value, std::vector<std::shared_ptr<node>> operands, Pullback pb)
+      : cell<N>(std::move(value), std::move(operands)), pullback(std::move(pb)) {}
+
+ private:
+  void pull(const N& ct) override { pullback(ct); }
+  Pullback pullback;
+};
+
+/// The traced value `value` made by an operation on the cells `operands`, with its pullback.
+template <class N, class Pullback>
+std::shared_ptr<cell<N>> make_cell(N value, std::vector<std::shared_ptr<node>> operands, Pullback pullback) {
+  return std::shared_ptr<cell<N>>(new pulled_cell<N, Pullback>(std::move(value), std::move(operands), std::move(pullback)));
+}
 
 }  // namespace namedax::detail::ad
 
@@ -165,7 +185,7 @@ decltype(auto) primal_of(const X& x) {
 template <class N>
 traced<owned_t<N>> input(const N& x) {
   using O = owned_t<N>;
-  return traced<O>(std::make_shared<cell<O>>(namedax::eval(x), std::vector<std::shared_ptr<node>>{}, nullptr));
+  return traced<O>(std::make_shared<cell<O>>(namedax::eval(x), std::vector<std::shared_ptr<node>>{}));
 }
 
 /// `r`, a contribution computed in an environment that extends `Env` (an operation mixed the
@@ -255,7 +275,7 @@ auto record(const Y& y, Pullback pullback, const Xs&... xs) {
           ...);
     }(std::index_sequence_for<Xs...>{});
   };
-  return traced<N>(std::make_shared<cell<N>>(namedax::eval(y), std::move(parents), std::move(propagate)));
+  return traced<N>(make_cell(N(namedax::eval(y)), std::move(parents), std::move(propagate)));
 }
 
 /// A linear map applied to a traced value: its pullback is the map's transpose (namedax::vjp).
@@ -974,7 +994,7 @@ traced<N> record_call(N value, Backward backward, const Xs&... xs) {
           ...);
     }(std::index_sequence_for<Xs...>{});
   };
-  return traced<N>(std::make_shared<cell<N>>(std::move(value), std::move(parents), std::move(propagate)));
+  return traced<N>(make_cell(std::move(value), std::move(parents), std::move(propagate)));
 }
 
 /// A function with a derivative of its own (checkpoint, custom_vjp, custom_jvp): `f` itself
