@@ -130,7 +130,7 @@ struct pulled_cell final : cell<N> {
   Pullback pullback;
 };
 
-/// The traced value `value` made by an operation on the cells `operands`, with its pullback.
+/// The cell of `value`, computed by an operation on the cells `operands`, with its pullback.
 template <class N, class Pullback>
 std::shared_ptr<cell<N>> make_cell(N value, std::vector<std::shared_ptr<node>> operands, Pullback pullback) {
   return std::shared_ptr<cell<N>>(new pulled_cell<N, Pullback>(std::move(value), std::move(operands), std::move(pullback)));

@@ -59,8 +59,9 @@ auto children(X& x) {
     }(std::make_index_sequence<std::tuple_size_v<node>>{});
 }
 
-/// The children's types of a node of type X, as a tuple-like type (its own type for a std::
-/// tuple, pair or array): the type computations below need no call of children().
+/// The children's types of a node of type X, as a tuple-like type: the node's own type for a
+/// std::tuple, std::pair or std::array. The type computations below then need no call of
+/// children(), which would instantiate it.
 template <class X>
 struct child_types {
   using type = decltype(children(std::declval<const X&>()));
