@@ -197,6 +197,13 @@ struct prefix_does_not_match_tree {
                 "stands for");
 };
 
+/// Whether `Tree` is a node with as many children as the node `Prefix`.
+template <class Tree, class Prefix>
+constexpr bool same_arity() {
+  if constexpr (is_node<Tree>) return child_count<Tree> == child_count<Prefix>;
+  else return false;
+}
+
 /// Whether `Prefix` is a prefix of a pytree of type `Tree` (as spread_prefix takes it): an
 /// entry that is not a node, or a node with as many children as the tree's node there, each
 /// a prefix of its child.
@@ -204,16 +211,12 @@ template <class Tree, class Prefix>
 constexpr bool prefix_fits() {
   if constexpr (!is_node<Prefix>) {
     return true;
-  } else if constexpr (!is_node<Tree>) {
+  } else if constexpr (!same_arity<Tree, Prefix>()) {
     return false;
   } else {
-    if constexpr (child_count<Tree> != child_count<Prefix>) {
-      return false;
-    } else {
-      return []<std::size_t... I>(std::index_sequence<I...>) {
-        return (prefix_fits<child_t<Tree, I>, child_t<Prefix, I>>() && ...);
-      }(std::make_index_sequence<child_count<Tree>>{});
-    }
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (prefix_fits<child_t<Tree, I>, child_t<Prefix, I>>() && ...);
+    }(std::make_index_sequence<child_count<Tree>>{});
   }
 }
 
@@ -234,18 +237,13 @@ auto spread_prefix(const Prefix& prefix) {
     return [&]<std::size_t... L>(std::index_sequence<L...>) {
       return std::tuple{(static_cast<void>(L), prefix)...};
     }(std::make_index_sequence<leaf_count<Tree>()>{});
+  } else if constexpr (!same_arity<Tree, Prefix>()) {
+    (void)sizeof(prefix_does_not_match_tree<Tree, Prefix>);
+    return std::tuple{};
   } else {
-    if constexpr (!is_node<Tree>) {
-      (void)sizeof(prefix_does_not_match_tree<Tree, Prefix>);
-      return std::tuple{};
-    } else if constexpr (child_count<Tree> != child_count<Prefix>) {
-      (void)sizeof(prefix_does_not_match_tree<Tree, Prefix>);
-      return std::tuple{};
-    } else {
-      return [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return std::tuple_cat(spread_prefix<child_t<Tree, I>>(std::get<I>(children(prefix)))...);
-      }(std::make_index_sequence<child_count<Tree>>{});
-    }
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple_cat(spread_prefix<child_t<Tree, I>>(std::get<I>(children(prefix)))...);
+    }(std::make_index_sequence<child_count<Tree>>{});
   }
 }
 
