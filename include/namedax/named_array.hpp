@@ -22,6 +22,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -222,35 +223,26 @@ auto defer_with(const X& x, Names names, Then then) {
   return compute_deferred(names, then, x);
 }
 
+/// An operand's shape, for the message of a failed broadcast; a scalar has none.
+template <class X>
+void add_operand_shape(std::vector<std::vector<std::size_t>>& shapes, const X& x) {
+  if constexpr (!is_xscalar<X>) shapes.emplace_back(x.shape().begin(), x.shape().end());
+}
+
 /// Checks that a new elementwise node's operands broadcast, to a shape whose elements can be
-/// counted, naming their positional shapes (the payload's, without the `vectorized` dims at its
-/// end) if not: xtensor's own error would show the payloads' shapes.
+/// counted; the message is built by the compiled fail_broadcast, and only on failure.
 template <class E>
 void check_broadcast_count(const E& e, std::size_t vectorized) {
-  auto positional = [vectorized](const auto& shape) {
-    return std::vector<std::size_t>(shape.begin(), shape.end() - static_cast<std::ptrdiff_t>(vectorized));
-  };
-  auto operands = [&] {
-    std::vector<std::vector<std::size_t>> shapes;
-    auto add = [&](const auto& operand) {
-      if constexpr (!is_xscalar<std::decay_t<decltype(operand)>>) shapes.push_back(positional(operand.shape()));
-    };
-    detail::unpack(e.arguments(), [&](const auto&... operand) { (add(operand), ...); });
-    std::string text;
-    for (std::size_t k = 0; k < shapes.size(); ++k)
-      text += message(k == 0 ? "" : k + 1 == shapes.size() ? " and " : ", ", shapes[k]);
-    return text;
-  };
-  bool overflows = false;
+  std::optional<bool> overflows;  // empty: the operands do not broadcast
   try {
     overflows = element_count_overflows(e.shape());  // computes the broadcast
   } catch (const xt::broadcast_error&) {
-    fail("namedax: operands of shapes ", operands(),
-         " do not broadcast (aligned on the right, each dim must have extent 1 or the other's)");
   }
-  if (overflows)
-    fail("namedax: operands of shapes ", operands(), " broadcast to shape ", positional(e.shape()),
-         ", which has more elements than std::size_t counts; slice or reduce an operand first");
+  if (overflows == false) return;
+  std::vector<std::vector<std::size_t>> operands;
+  unpack(e.arguments(), [&](const auto&... operand) { (add_operand_shape(operands, operand), ...); });
+  if (!overflows) fail_broadcast(operands, {}, vectorized);
+  fail_broadcast(operands, std::vector<std::size_t>(e.shape().begin(), e.shape().end()), vectorized);
 }
 
 /// Calls `op` with the operands once each is a named value or a plain one. An operand that
@@ -271,32 +263,20 @@ auto when_resolved(Op op, const Xs&... xs) {
   }
 }
 
-/// Applies `fn(Env{}, payloads...)` to the operands' payloads expressed in their merged
-/// environment Env (positional dims, then Env's vectorized dims, size 1 where an operand does
-/// not vary): the batching rule of a positional operation, which must leave the trailing
-/// `Env::vectorized_count` dims in place. The result varies along every operand's names.
-template <class Fn, class... Xs>
-auto on_payloads(Fn fn, const Xs&... xs) {
-  return when_resolved(
-      [fn](const auto&... ys) {
-        using Env = typename merged_env<env<>, std::remove_cvref_t<decltype(ys)>...>::type;
-        constexpr axis_mask varying = (mask_of<decltype(ys)>() | ...);
-        auto e = fn(Env{}, payload_in<Env>(ys)...);
-        return make_named<decltype(e), Env, varying>(std::move(e));
-      },
-      xs...);
-}
-
-/// Applies an xtensor elementwise function to operands, broadcasting by name.
+/// Applies an xtensor elementwise function to operands, broadcasting by name: `fn` on the
+/// operands' payloads expressed in their merged environment (positional dims, then its
+/// vectorized dims, size 1 where an operand does not vary). The result varies along every
+/// operand's names. Operands that wait for their environment (`axis_index`) are resolved first.
 template <class Fn, class... Xs>
 auto elementwise(Fn fn, const Xs&... xs) {
-  return on_payloads(
-      [fn]<class Env>(Env, auto&&... payloads) {
-        auto e = fn(std::forward<decltype(payloads)>(payloads)...);
-        if constexpr (is_xfunction<decltype(e)>) check_broadcast_count(e, Env::vectorized_count);
-        return e;
-      },
-      xs...);
+  if constexpr ((DeferredValue<Xs> || ...)) {
+    return when_resolved([fn](const auto&... ys) { return elementwise(fn, ys...); }, xs...);
+  } else {
+    using Env = typename merged_env<env<>, Xs...>::type;
+    auto e = fn(payload_in<Env>(xs)...);
+    if constexpr (is_xfunction<decltype(e)>) check_broadcast_count(e, Env::vectorized_count);
+    return named<decltype(e), Env, (mask_of<Xs>() | ...)>(std::move(e));
+  }
 }
 }  // namespace detail
 

@@ -119,21 +119,45 @@ struct cell : node {
 
 /// A cell with its pullback, called through the cell's virtual function rather than a
 /// std::function: each operation's pullback then costs one class, not std::function's
-/// manager and invoker.
+/// manager and invoker. The pullback is given the cotangent and the cells of the traced
+/// operands (the node's parents, in the operands' order).
 template <class N, class Pullback>
 struct pulled_cell final : cell<N> {
   pulled_cell(N value, std::vector<std::shared_ptr<node>> operands, Pullback pb)
       : cell<N>(std::move(value), std::move(operands)), pullback(std::move(pb)) {}
 
  private:
-  void pull(const N& ct) override { pullback(ct); }
+  void pull(const N& ct) override { pullback(ct, this->parents); }
   Pullback pullback;
 };
 
+/// The cells of an operation's traced operands, in the operands' order, as the node holds them.
+template <class... Xs>
+std::vector<std::shared_ptr<node>> traced_cells(const Xs&... xs) {
+  std::vector<std::shared_ptr<node>> cells;
+  auto add = [&](const auto& x) {
+    if constexpr (Traced<decltype(x)>) cells.push_back(x.cell());
+  };
+  (add(xs), ...);
+  return cells;
+}
+
+/// The cell of operand K, a traced one of Xs, among the node's parents (see traced_cells).
+template <std::size_t K, class... Xs>
+auto& operand_cell(const std::vector<std::shared_ptr<node>>& parents) {
+  using X = std::tuple_element_t<K, std::tuple<Xs...>>;
+  std::size_t position = 0, k = 0;
+  ((position += k++ < K && Traced<Xs>), ...);  // the traced operands before K
+  return static_cast<cell<typename X::primal_type>&>(*parents[position]);
+}
+
 /// The cell of `value`, computed by an operation on the cells `operands`, with its pullback.
+/// Owned as a cell<N>, deleted through node's virtual destructor: one control block type per
+/// N, not one per pullback.
 template <class N, class Pullback>
 std::shared_ptr<cell<N>> make_cell(N value, std::vector<std::shared_ptr<node>> operands, Pullback pullback) {
-  return std::shared_ptr<cell<N>>(new pulled_cell<N, Pullback>(std::move(value), std::move(operands), std::move(pullback)));
+  cell<N>* c = new pulled_cell<N, Pullback>(std::move(value), std::move(operands), std::move(pullback));
+  return std::shared_ptr<cell<N>>(c);
 }
 
 }  // namespace namedax::detail::ad
@@ -185,7 +209,8 @@ decltype(auto) primal_of(const X& x) {
 template <class N>
 traced<owned_t<N>> input(const N& x) {
   using O = owned_t<N>;
-  return traced<O>(std::make_shared<cell<O>>(namedax::eval(x), std::vector<std::shared_ptr<node>>{}));
+  // Not make_shared: the control block is then the type make_cell's cells have.
+  return traced<O>(std::shared_ptr<cell<O>>(new cell<O>(namedax::eval(x), std::vector<std::shared_ptr<node>>{})));
 }
 
 /// `r`, a contribution computed in an environment that extends `Env` (an operation mixed the
@@ -256,26 +281,17 @@ N fit(const R& r, const std::vector<std::size_t>& shape) {
 template <class Y, class Pullback, class... Xs>
 auto record(const Y& y, Pullback pullback, const Xs&... xs) {
   using N = owned_t<Y>;
-  std::vector<std::shared_ptr<node>> parents;
-  auto add_parent = [&](const auto& x) {
-    if constexpr (Traced<decltype(x)>) parents.push_back(x.cell());
-  };
-  (add_parent(xs), ...);
-  auto cells = std::tuple{[](const auto& x) {
-    if constexpr (Traced<decltype(x)>) return x.cell();
-    else return std::monostate{};
-  }(xs)...};
-  auto propagate = [pullback = std::move(pullback), cells](const N& ct) {
+  auto propagate = [pullback = std::move(pullback)](const N& ct, const std::vector<std::shared_ptr<node>>& parents) {
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (
           [&] {
             if constexpr (Traced<std::tuple_element_t<K, std::tuple<Xs...>>>)
-              std::get<K>(cells)->accumulate(pullback(ct, std::integral_constant<std::size_t, K>{}));
+              operand_cell<K, Xs...>(parents).accumulate(pullback(ct, std::integral_constant<std::size_t, K>{}));
           }(),
           ...);
     }(std::index_sequence_for<Xs...>{});
   };
-  return traced<N>(make_cell(N(namedax::eval(y)), std::move(parents), std::move(propagate)));
+  return traced<N>(make_cell(N(namedax::eval(y)), traced_cells(xs...), std::move(propagate)));
 }
 
 /// A linear map applied to a traced value: its pullback is the map's transpose (namedax::vjp).
@@ -301,10 +317,7 @@ template <class F, class D, class... Xs>
 auto elementwise(F f, D derivative, const Xs&... xs) {
   auto y = namedax::eval(f(primal_of(xs)...));
   return record(
-      y,
-      [derivative, y, primals = std::tuple{[](const auto& x) { return owned_operand(x); }(xs)...}](const auto& ct, auto k) {
-        return unpack(primals, [&](const auto&... a) { return derivative(ct, k, y, a...); });
-      },
+      y, [derivative, y, ... primals = owned_operand(xs)](const auto& ct, auto k) { return derivative(ct, k, y, primals...); },
       xs...);
 }
 
@@ -972,29 +985,20 @@ struct jacobian {
 /// node keeps the operands, not what the call computed in between (checkpoint, a map's rule).
 template <class N, class Backward, class... Xs>
 traced<N> record_call(N value, Backward backward, const Xs&... xs) {
-  auto kept = std::make_tuple(owned_operand(xs)...);
-  auto cells = std::make_tuple([](const auto& x) {
-    if constexpr (Traced<decltype(x)>) return x.cell();
-    else return std::monostate{};
-  }(xs)...);
-  std::vector<std::shared_ptr<node>> parents;
-  auto add_parent = [&](const auto& x) {
-    if constexpr (Traced<decltype(x)>) parents.push_back(x.cell());
-  };
-  (add_parent(xs), ...);
-  auto propagate = [backward = std::move(backward), kept, cells](const N& ct) {
-    auto cotangents = unpack(kept, [&](const auto&... operand) { return backward(ct, operand...); });
+  auto propagate = [backward = std::move(backward), ... kept = owned_operand(xs)](
+                       const N& ct, const std::vector<std::shared_ptr<node>>& parents) {
+    auto cotangents = backward(ct, kept...);
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (
           [&] {
             using X = std::tuple_element_t<K, std::tuple<Xs...>>;
             if constexpr (Traced<X>)
-              std::get<K>(cells)->accumulate(as_cotangent<typename X::primal_type>(std::get<K>(cotangents)));
+              operand_cell<K, Xs...>(parents).accumulate(as_cotangent<typename X::primal_type>(std::get<K>(cotangents)));
           }(),
           ...);
     }(std::index_sequence_for<Xs...>{});
   };
-  return traced<N>(make_cell(std::move(value), std::move(parents), std::move(propagate)));
+  return traced<N>(make_cell(std::move(value), traced_cells(xs...), std::move(propagate)));
 }
 
 /// A function with a derivative of its own (checkpoint, custom_vjp, custom_jvp): `f` itself

@@ -518,6 +518,13 @@ bool element_count_overflows(const Shape& shape) {
   return false;
 }
 
+/// Fails an elementwise node whose operands (their payloads' shapes) do not broadcast, when
+/// `result` is empty, or broadcast to `result`, a shape of more elements than std::size_t
+/// counts; the message names positional shapes, without the `vectorized` dims at their end
+/// (xtensor's own error would show the payloads' shapes).
+[[noreturn]] NAMEDAX_DECL void fail_broadcast(std::span<const std::vector<std::size_t>> operands,
+                                              std::span<const std::size_t> result, std::size_t vectorized);
+
 /// The extent of two extents broadcast together (equal, or one of them 1): 0 with 1 is 0.
 constexpr std::size_t broadcast_extent(std::size_t a, std::size_t b) { return a == 1 ? b : a; }
 
@@ -735,6 +742,19 @@ NAMEDAX_DECL void element_offsets(std::span<const std::size_t> shape, std::span<
                   for (std::size_t k = 0; k < n; ++k)
                     into[static_cast<std::size_t>(o + static_cast<std::ptrdiff_t>(k) * os)] = i + static_cast<std::ptrdiff_t>(k) * is;
                 });
+}
+
+[[noreturn]] NAMEDAX_DECL void fail_broadcast(std::span<const std::vector<std::size_t>> operands,
+                                              std::span<const std::size_t> result, std::size_t vectorized) {
+  auto positional = [vectorized](std::span<const std::size_t> shape) { return shape.first(shape.size() - vectorized); };
+  std::string shapes;
+  for (std::size_t k = 0; k < operands.size(); ++k)
+    shapes += message(k == 0 ? "" : k + 1 == operands.size() ? " and " : ", ", positional(operands[k]));
+  if (result.empty())
+    fail("namedax: operands of shapes ", shapes,
+         " do not broadcast (aligned on the right, each dim must have extent 1 or the other's)");
+  fail("namedax: operands of shapes ", shapes, " broadcast to shape ", positional(result),
+       ", which has more elements than std::size_t counts; slice or reduce an operand first");
 }
 #endif  // NAMEDAX_DEFINITIONS
 
