@@ -248,7 +248,7 @@ void check_broadcast_count(const E& e, std::size_t vectorized) {
 /// Calls `op` with the operands once each is a named value or a plain one. An operand that
 /// waits for its environment (`axis_index`) is resolved in the environment of the named
 /// operands; when none is named, the result waits too, for every name the operands await.
-/// Every operation on named values goes through here, so each accepts `axis_index` values.
+/// Every operation on named values resolves such operands here, so each accepts `axis_index` values.
 template <class Op, class... Xs>
 auto when_resolved(Op op, const Xs&... xs) {
   if constexpr ((DeferredValue<Xs> || ...)) {
