@@ -12,6 +12,7 @@
 #include <namedax/detail/reduction.hpp>
 #include <namedax/detail/traced.hpp>
 
+#include <xtensor/xadapt.hpp>
 #include <xtensor/xnoalias.hpp>
 
 #include <concepts>
@@ -39,6 +40,25 @@ using accumulate_t = std::conditional_t<(K == reduction::sum || K == reduction::
 template <reduction K, class T>
 using reduction_result_t = std::conditional_t<K == reduction::mean, inexact_t<T>, accumulate_t<K, T>>;
 
+/// pmean's value: the sum over the reduced axes divided by the divisor (the number of members,
+/// per group) and the count of reduced positional elements. One function per element type,
+/// not one per leaf type.
+template <class R, class T>
+xt::xarray<R> mean_of(const T* sum, const std::vector<std::size_t>& shape, xt::xarray<float>&& divisor,
+                      float positional_count) {
+  auto mean = uninitialized_array<R>(shape);
+  auto summed = xt::adapt(sum, mean.size(), xt::no_ownership(), shape);
+  xt::noalias(mean) = xt::cast<R>(summed) / (xt::cast<R>(divisor) * static_cast<R>(positional_count));
+  recycle(std::move(divisor));
+  return mean;
+}
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+NAMEDAX_EXTERN template xt::xarray<float> mean_of<float>(const float*, const std::vector<std::size_t>&,
+                                                         xt::xarray<float>&&, float);
+NAMEDAX_EXTERN template xt::xarray<double> mean_of<double>(const double*, const std::vector<std::size_t>&,
+                                                           xt::xarray<float>&&, float);
+#endif
+
 /// The value of a reduction from its result and pmean's divisor, typed for leaf X.
 template <reduction K, bool Grouped, class X, class... Names, class Sum>
 auto reduced_value(Sum sum, xt::xarray<float>&& divisor, float positional_count) {
@@ -48,10 +68,10 @@ auto reduced_value(Sum sum, xt::xarray<float>&& divisor, float positional_count)
   // Without groups the result is the same along the reduced axes; with groups it is not.
   constexpr axis_mask out_varying = Grouped ? (X::varying | reduced) : (X::varying & ~reduced);
   if constexpr (K == reduction::mean) {
-    auto mean = uninitialized_array<R>(sum.shape());
-    xt::noalias(mean) = xt::cast<R>(sum) / (xt::cast<R>(divisor) * static_cast<R>(positional_count));
-    recycle(std::move(divisor));
-    if constexpr (!std::is_same_v<Sum, shared_array<typename Sum::value_type>>) recycle(std::move(sum));
+    constexpr bool shared = std::is_same_v<Sum, shared_array<typename Sum::value_type>>;
+    const std::vector<std::size_t> shape(sum.shape().begin(), sum.shape().end());
+    auto mean = mean_of<R>(sum.data(), shape, std::move(divisor), positional_count);
+    if constexpr (!shared) recycle(std::move(sum));
     return make_named<shared_array<R>, Env, out_varying>(share_array<R>(std::move(mean)));
   } else if constexpr (std::is_same_v<Sum, shared_array<R>>) {
     return make_named<shared_array<R>, Env, out_varying>(std::move(sum));

@@ -86,6 +86,40 @@ struct node {
   static std::uint64_t next_order() { return counter().fetch_add(1, std::memory_order_relaxed); }
 };
 
+/// A contribution `a` to an operand of positional `shape` (and the same `vectorized` trailing
+/// dims), summed over the positional dims it was broadcast along (NumPy's rules, from the
+/// right) and broadcast where the operand was larger. One function per element type, compiled
+/// once (see fit).
+template <class T>
+xt::xarray<T> fit_shape(xt::xarray<T> a, const std::vector<std::size_t>& shape, std::size_t vectorized) {
+  const std::size_t target = shape.size();
+  const std::size_t rank = a.dimension() - vectorized;
+  std::vector<std::size_t> full(shape);
+  full.insert(full.end(), a.shape().end() - static_cast<std::ptrdiff_t>(vectorized), a.shape().end());
+  if (std::equal(a.shape().begin(), a.shape().end(), full.begin(), full.end())) return a;
+  std::vector<std::size_t> summed;  // dims broadcast from the operand's 1 or absent
+  for (std::size_t k = 0; k < rank; ++k)
+    if (k + target < rank || (shape[k + target - rank] == 1 && a.shape()[k] != 1)) summed.push_back(k);
+  if (!summed.empty()) {
+    xt::xarray<T> s = xt::sum(a, summed, xt::keep_dims);  // lazy: the immediate strategy crashes on xtensor 0.24
+    a = std::move(s);
+  }
+  std::vector<std::size_t> kept(a.shape().begin() + static_cast<std::ptrdiff_t>(rank > target ? rank - target : 0),
+                                a.shape().end());
+  if (rank < target) kept.insert(kept.begin(), target - rank, 1);
+  a.reshape(kept);
+  if (!std::equal(kept.begin(), kept.end(), full.begin(), full.end()))
+    a = xt::broadcast(a, full);  // the contribution was a smaller value broadcast to the operand
+  return a;
+}
+
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T) \
+  NAMEDAX_EXTERN template xt::xarray<T> fit_shape<T>(xt::xarray<T>, const std::vector<std::size_t>&, std::size_t);
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
+#undef NAMEDAX_INSTANTIATE
+#endif
+
 template <class R, class N>
 N fit(const R& r, const std::vector<std::size_t>& shape);
 
@@ -254,25 +288,7 @@ N fit(const R& r, const std::vector<std::size_t>& shape) {
     const auto& held = matched.payload().shape();
     if (rank == target && std::equal(shape.begin(), shape.end(), held.begin())) return matched;
   }
-  xt::xarray<T> a = evaluate<T>(matched.payload());
-  std::vector<std::size_t> full(shape);
-  full.insert(full.end(), a.shape().end() - static_cast<std::ptrdiff_t>(Env::vectorized_count), a.shape().end());
-  if (!std::equal(a.shape().begin(), a.shape().end(), full.begin(), full.end())) {
-    std::vector<std::size_t> summed;  // dims broadcast from the operand's 1 or absent
-    for (std::size_t k = 0; k < rank; ++k)
-      if (k + target < rank || (shape[k + target - rank] == 1 && a.shape()[k] != 1)) summed.push_back(k);
-    if (!summed.empty()) {
-      xt::xarray<T> s = xt::sum(a, summed, xt::keep_dims);  // lazy: the immediate strategy crashes on xtensor 0.24
-      a = std::move(s);
-    }
-    std::vector<std::size_t> kept(a.shape().begin() + static_cast<std::ptrdiff_t>(rank > target ? rank - target : 0),
-                                  a.shape().end());
-    if (rank < target) kept.insert(kept.begin(), target - rank, 1);
-    a.reshape(kept);
-    if (!std::equal(kept.begin(), kept.end(), full.begin(), full.end()))
-      a = xt::broadcast(a, full);  // the contribution was a smaller value broadcast to the operand
-  }
-  return N(share_array(std::move(a)));
+  return N(share_array(fit_shape<T>(evaluate<T>(matched.payload()), shape, Env::vectorized_count)));
 }
 
 /// The traced result of an operation on `xs`: `y` (evaluated) recorded with a pullback;

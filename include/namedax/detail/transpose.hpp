@@ -264,55 +264,31 @@ std::size_t positional_rank_of(const X& x) {
 NAMEDAX_DECL std::vector<std::size_t> canonical_dims(std::string_view verb, const std::vector<int>& dims,
                                                      std::size_t rank, const char* which);
 
+/// How the transpose of u -> dot_general(u, v) (or, with `u_is_rhs`, of u -> dot_general(v, u))
+/// computes from the cotangent ct, whose dims are (batch, lhs free, rhs free): ct is contracted
+/// with v over `free` (ct's dims, v's free dims) and batched over `batch` (ct's dims, v's batch
+/// dims), then `perm` puts the product's dims into u's order. Depends on ranks and dims alone,
+/// so it is computed once in the compiled part, not once per operand type.
+struct dot_transpose_plan {
+  dimension_pairs free, batch;
+  std::vector<int> perm;
+};
+NAMEDAX_DECL dot_transpose_plan plan_dot_transpose(std::string_view verb, std::size_t u_rank, std::size_t v_rank,
+                                                   const dimension_pairs& contract, const dimension_pairs& batch,
+                                                   bool u_is_rhs);
+
 /// The transpose of u -> dot_general(u, v) (or, with `u_is_rhs`, of u -> dot_general(v, u))
-/// applied to `ct`, whose dims are (batch, lhs free, rhs free): a contraction of ct with v
-/// over v's free dims, batched over the batch dims, permuted back into u's dim order.
+/// applied to `ct` (see dot_transpose_plan). ct comes first when u is the lhs and v first when
+/// it is the rhs, which leaves ct's dims where they are; gemm reads either operand transposed
+/// in place, so that neither is copied.
 template <class C, class V>
 auto dot_transpose(std::string_view verb, const C& ct, const V& v, std::size_t u_rank, const dimension_pairs& contract,
                    const dimension_pairs& batch, bool u_is_rhs) {
-  const std::size_t v_rank = positional_rank_of(v);
-  const auto& u_contract_in = u_is_rhs ? contract.second : contract.first;
-  const auto& v_contract_in = u_is_rhs ? contract.first : contract.second;
-  const auto& u_batch_in = u_is_rhs ? batch.second : batch.first;
-  const auto& v_batch_in = u_is_rhs ? batch.first : batch.second;
-  const auto uc = canonical_dims(verb, u_contract_in, u_rank, u_is_rhs ? "y" : "x");
-  const auto vc = canonical_dims(verb, v_contract_in, v_rank, u_is_rhs ? "x" : "y");
-  const auto ub = canonical_dims(verb, u_batch_in, u_rank, u_is_rhs ? "y" : "x");
-  const auto vb = canonical_dims(verb, v_batch_in, v_rank, u_is_rhs ? "x" : "y");
-  auto free_dims = [](std::size_t rank, const std::vector<std::size_t>& c, const std::vector<std::size_t>& b) {
-    std::vector<std::size_t> f;
-    for (std::size_t d = 0; d < rank; ++d)
-      if (std::find(c.begin(), c.end(), d) == c.end() && std::find(b.begin(), b.end(), d) == b.end()) f.push_back(d);
-    return f;
-  };
-  const auto uf = free_dims(u_rank, uc, ub), vf = free_dims(v_rank, vc, vb);
-  const std::size_t nb = ub.size();
-  // ct's dims: batch, then the lhs's free dims, then the rhs's. ct is contracted with v over
-  // v's free dims and batched over the batch dims, in the operand order that leaves ct's dims
-  // where they are (ct first when u is the lhs, v first when it is the rhs): the product's dims
-  // are then the batch dims, then u's free and contracted dims (u's free dims last when u is
-  // the rhs), and gemm reads either operand transposed in place, so that neither is copied.
-  const std::size_t ct_vf_start = u_is_rhs ? nb : nb + uf.size();
-  dimension_pairs vf_pairs, batch_pairs;  // (ct's dims, v's dims)
-  for (std::size_t k = 0; k < vf.size(); ++k)
-    vf_pairs.first.push_back(static_cast<int>(ct_vf_start + k)), vf_pairs.second.push_back(static_cast<int>(vf[k]));
-  for (std::size_t k = 0; k < nb; ++k)
-    batch_pairs.first.push_back(static_cast<int>(k)), batch_pairs.second.push_back(static_cast<int>(vb[k]));
+  const auto plan = plan_dot_transpose(verb, u_rank, positional_rank_of(v), contract, batch, u_is_rhs);
   const auto swapped = [](const dimension_pairs& p) { return dimension_pairs{p.second, p.first}; };
-  auto product = u_is_rhs ? local_dot(verb, v, ct, swapped(vf_pairs), swapped(batch_pairs))
-                          : local_dot(verb, ct, v, vf_pairs, batch_pairs);
-  // v's dims left in the product are the ones contracted with u, in v's order.
-  std::vector<std::size_t> v_contracted_sorted = vc;
-  std::sort(v_contracted_sorted.begin(), v_contracted_sorted.end());
-  const std::size_t contracted_start = u_is_rhs ? nb : nb + uf.size(), free_start = u_is_rhs ? nb + uc.size() : nb;
-  std::vector<int> perm(u_rank);
-  for (std::size_t k = 0; k < nb; ++k) perm[ub[k]] = static_cast<int>(k);
-  for (std::size_t k = 0; k < uf.size(); ++k) perm[uf[k]] = static_cast<int>(free_start + k);
-  for (std::size_t k = 0; k < uc.size(); ++k) {
-    const auto at = std::find(v_contracted_sorted.begin(), v_contracted_sorted.end(), vc[k]) - v_contracted_sorted.begin();
-    perm[uc[k]] = static_cast<int>(contracted_start + static_cast<std::size_t>(at));
-  }
-  return permute_positional(verb, product, perm);  // into u's order; no copy when already in it
+  auto product = u_is_rhs ? local_dot(verb, v, ct, swapped(plan.free), swapped(plan.batch))
+                          : local_dot(verb, ct, v, plan.free, plan.batch);
+  return permute_positional(verb, product, plan.perm);  // into u's order; no copy when already in it
 }
 
 #if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
@@ -365,6 +341,47 @@ NAMEDAX_DECL void check_cotangent_shape(std::string_view result, const std::vect
        " but the output it stands for has positional shape ", expected, " (", differs,
        "); give the pullback a cotangent of the output's shape, as jax.vjp");
 }
+NAMEDAX_DECL dot_transpose_plan plan_dot_transpose(std::string_view verb, std::size_t u_rank, std::size_t v_rank,
+                                                   const dimension_pairs& contract, const dimension_pairs& batch,
+                                                   bool u_is_rhs) {
+  const auto& u_contract_in = u_is_rhs ? contract.second : contract.first;
+  const auto& v_contract_in = u_is_rhs ? contract.first : contract.second;
+  const auto& u_batch_in = u_is_rhs ? batch.second : batch.first;
+  const auto& v_batch_in = u_is_rhs ? batch.first : batch.second;
+  const auto uc = canonical_dims(verb, u_contract_in, u_rank, u_is_rhs ? "y" : "x");
+  const auto vc = canonical_dims(verb, v_contract_in, v_rank, u_is_rhs ? "x" : "y");
+  const auto ub = canonical_dims(verb, u_batch_in, u_rank, u_is_rhs ? "y" : "x");
+  const auto vb = canonical_dims(verb, v_batch_in, v_rank, u_is_rhs ? "x" : "y");
+  auto free_dims = [](std::size_t rank, const std::vector<std::size_t>& c, const std::vector<std::size_t>& b) {
+    std::vector<std::size_t> f;
+    for (std::size_t d = 0; d < rank; ++d)
+      if (std::find(c.begin(), c.end(), d) == c.end() && std::find(b.begin(), b.end(), d) == b.end()) f.push_back(d);
+    return f;
+  };
+  const auto uf = free_dims(u_rank, uc, ub), vf = free_dims(v_rank, vc, vb);
+  const std::size_t nb = ub.size();
+  // The product's dims are the batch dims, then u's free and contracted dims (u's free dims
+  // last when u is the rhs).
+  dot_transpose_plan plan;
+  const std::size_t ct_vf_start = u_is_rhs ? nb : nb + uf.size();
+  for (std::size_t k = 0; k < vf.size(); ++k)
+    plan.free.first.push_back(static_cast<int>(ct_vf_start + k)), plan.free.second.push_back(static_cast<int>(vf[k]));
+  for (std::size_t k = 0; k < nb; ++k)
+    plan.batch.first.push_back(static_cast<int>(k)), plan.batch.second.push_back(static_cast<int>(vb[k]));
+  // v's dims left in the product are the ones contracted with u, in v's order.
+  std::vector<std::size_t> v_contracted_sorted = vc;
+  std::sort(v_contracted_sorted.begin(), v_contracted_sorted.end());
+  const std::size_t contracted_start = u_is_rhs ? nb : nb + uf.size(), free_start = u_is_rhs ? nb + uc.size() : nb;
+  plan.perm.resize(u_rank);
+  for (std::size_t k = 0; k < nb; ++k) plan.perm[ub[k]] = static_cast<int>(k);
+  for (std::size_t k = 0; k < uf.size(); ++k) plan.perm[uf[k]] = static_cast<int>(free_start + k);
+  for (std::size_t k = 0; k < uc.size(); ++k) {
+    const auto at = std::find(v_contracted_sorted.begin(), v_contracted_sorted.end(), vc[k]) - v_contracted_sorted.begin();
+    plan.perm[uc[k]] = static_cast<int>(contracted_start + static_cast<std::size_t>(at));
+  }
+  return plan;
+}
+
 #endif  // NAMEDAX_DEFINITIONS
 
 
