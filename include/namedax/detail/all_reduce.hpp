@@ -80,6 +80,54 @@ auto reduced_value(Sum sum, xt::xarray<float>&& divisor, float positional_count)
   }
 }
 
+/// A reduction's result: the sum (or extreme) over the reduced axes, pmean's divisor (the
+/// members reduced, per element) and the count of positional elements reduced.
+template <class T>
+struct all_reduced {
+  shared_array<T> sum;
+  xt::xarray<float> divisor;
+  float positional_count;
+};
+
+/// The reduction of block `in` (its elements in `storage` or in the leaf it views) over the
+/// positional dims `positional` and the named axes, among device threads, in one thread's
+/// wait, across processes or in the vectorized dims, whichever holds the axes. One function
+/// per element type and operation: a leaf's type only decides how its block is made.
+template <class T, class Op>
+all_reduced<T> all_reduce_block(std::string_view verb, strided_block<T> in, xt::xarray<T>&& storage,
+                                std::size_t vectorized_count, std::span<const int> positional,
+                                std::span<const named_axis> named_axes, const std::optional<groups_t>& groups,
+                                fold_kind fold, bool is_sum, bool count_members, Op op) {
+  const std::size_t rank = in.shape.size() - vectorized_count;
+  auto dims = canonical_positional(verb, positional, rank);
+  float positional_count = 1;
+  for (auto d : dims) positional_count *= static_cast<float>(in.shape[d]);
+  if (!dims.empty()) {
+    storage = reduce_positional<T>(in, dims, op);
+    in = block_of(storage);
+  }
+  const std::size_t kept_rank = rank - dims.size();
+  auto shared = reduce_among_threads<T>(verb, in, named_axes, groups, count_members, op);
+  if (!shared) shared = reduce_in_wait<T>(in, named_axes, groups, count_members, op);
+  if (shared) return {std::move(shared->first), std::move(shared->second), positional_count};
+  auto across = reduce_across_processes<T>(verb, in, named_axes, groups, fold);
+  auto [sum, divisor] =
+      across ? std::move(*across) : reduce_named<T>(verb, std::move(in), kept_rank, named_axes, groups, is_sum, count_members, op);
+  return {share_array<T>(std::move(sum)), std::move(divisor), positional_count};
+}
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T, Op)                                                                                  \
+  NAMEDAX_EXTERN template all_reduced<T> all_reduce_block<T, Op>(std::string_view, strided_block<T>, xt::xarray<T>&&, \
+                                                                 std::size_t, std::span<const int>,                 \
+                                                                 std::span<const named_axis>,                       \
+                                                                 const std::optional<groups_t>&, fold_kind, bool, bool, Op);
+#define NAMEDAX_INSTANTIATE_REDUCTIONS(T) \
+  NAMEDAX_INSTANTIATE(T, sum_op) NAMEDAX_INSTANTIATE(T, max_op) NAMEDAX_INSTANTIATE(T, min_op)
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE_REDUCTIONS)
+#undef NAMEDAX_INSTANTIATE
+#undef NAMEDAX_INSTANTIATE_REDUCTIONS
+#endif
+
 /// psum / pmean / pmax / pmin over `Names` and positional axes, for one leaf.
 /// `Grouped` (options were given) makes the result vary along the reduced axes: groups
 /// are runtime values, the result's type cannot depend on them.
@@ -101,27 +149,12 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
 
     xt::xarray<T> storage = empty_array<T>();
     strided_block<T> in = block_in_memory<T>(x.payload(), storage);
-    const std::size_t rank = in.shape.size() - Env::vectorized_count;
-    auto dims = canonical_positional(verb, list.positional, rank);
-    float positional_count = 1;
-    for (auto d : dims) positional_count *= static_cast<float>(in.shape[d]);
-    if constexpr (P > 0) {  // the axis list's type says whether positional axes are reduced
-      storage = reduce_positional<T>(in, dims, op);
-      in = block_of(storage);
-    }
-    const std::size_t kept_rank = rank - dims.size();
-
     auto named_axes = describe_named_axes<X, Names...>(verb);
-    auto shared = reduce_among_threads<T>(verb, in, named_axes, groups, K == reduction::mean, op);
-    if (!shared) shared = reduce_in_wait<T>(in, named_axes, groups, K == reduction::mean, op);
-    if (shared)
-      return reduced_value<K, Grouped, X, Names...>(std::move(shared->first), std::move(shared->second), positional_count);
-    auto across = reduce_across_processes<T>(verb, in, named_axes, groups, fold_of<K>());
-    auto [sum, divisor] = across ? std::move(*across)
-                                 : reduce_named<T>(verb, std::move(in), kept_rank, named_axes, groups,
-                                                   K == reduction::sum || K == reduction::mean, K == reduction::mean, op);
-
-    return reduced_value<K, Grouped, X, Names...>(std::move(sum), std::move(divisor), positional_count);
+    auto reduced = all_reduce_block<T>(verb, std::move(in), std::move(storage), Env::vectorized_count, list.positional,
+                                       named_axes, groups, fold_of<K>(), K == reduction::sum || K == reduction::mean,
+                                       K == reduction::mean, reduction_op<K>());
+    return reduced_value<K, Grouped, X, Names...>(std::move(reduced.sum), std::move(reduced.divisor),
+                                                  reduced.positional_count);
   } else {
     static_assert(PlainValue<X>, "namedax: a collective takes named values, xtensor expressions or scalars");
     // A plain value varies along no axis: it is replicated, psum gives size * x.
