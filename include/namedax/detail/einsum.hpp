@@ -145,4 +145,13 @@ xt::xarray<R> einsum_product(std::string_view verb, std::span<const strided_bloc
   return out;
 }
 
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE(T)                                                                                   \
+  NAMEDAX_EXTERN template xt::xarray<T> einsum_product<T>(std::string_view, std::span<const strided_block<T>>, \
+                                                          std::span<const std::string_view>, std::string_view,   \
+                                                          std::size_t, bool);
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
+#undef NAMEDAX_INSTANTIATE
+#endif
+
 }  // namespace namedax::detail

@@ -467,7 +467,7 @@ bool sorts_before(T a, T b) {
 /// Sorts each line along `dim` (stable); with `Indices` the output is the permutation
 /// (argsort), else the values.
 template <bool Indices, class T>
-auto sort_dim(const strided_block<T>& in, std::size_t dim) {
+like_layout<std::conditional_t<Indices, std::int32_t, T>> sort_dim(const strided_block<T>& in, std::size_t dim) {
   using U = std::conditional_t<Indices, std::int32_t, T>;
   auto out = allocate_like<U>(in.shape, in.strides);
   U* to = out.storage.data();
@@ -739,5 +739,38 @@ NAMEDAX_DECL std::vector<std::size_t> sorted_dims(std::vector<std::size_t> dims)
   return dims;
 }
 #endif  // NAMEDAX_DEFINITIONS
+
+// The kernels of the common element types, compiled once with the library: a unit calls them.
+#ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
+#define NAMEDAX_INSTANTIATE_FOLD(T, Op) \
+  NAMEDAX_EXTERN template xt::xarray<T> fold_dims<T, Op>(const strided_block<T>&, std::span<const std::size_t>, Op);
+#define NAMEDAX_INSTANTIATE(T)                                                                                       \
+  NAMEDAX_INSTANTIATE_FOLD(T, sum_op)                                                                               \
+  NAMEDAX_INSTANTIATE_FOLD(T, prod_op)                                                                              \
+  NAMEDAX_INSTANTIATE_FOLD(T, max_op)                                                                               \
+  NAMEDAX_INSTANTIATE_FOLD(T, min_op)                                                                               \
+  NAMEDAX_EXTERN template xt::xarray<std::int32_t> arg_extremum<true, T>(const strided_block<T>&,                  \
+                                                                         std::span<const std::size_t>);            \
+  NAMEDAX_EXTERN template xt::xarray<std::int32_t> arg_extremum<false, T>(const strided_block<T>&,                 \
+                                                                          std::span<const std::size_t>);           \
+  NAMEDAX_EXTERN template like_layout<T> scan_dim<T, sum_op>(const strided_block<T>&, std::size_t, sum_op);        \
+  NAMEDAX_EXTERN template like_layout<T> scan_dim<T, prod_op>(const strided_block<T>&, std::size_t, prod_op);      \
+  NAMEDAX_EXTERN template like_layout<T> sort_dim<false, T>(const strided_block<T>&, std::size_t);                 \
+  NAMEDAX_EXTERN template like_layout<std::int32_t> sort_dim<true, T>(const strided_block<T>&, std::size_t);       \
+  NAMEDAX_EXTERN template std::pair<like_layout<T>, like_layout<std::int32_t>> top_k_dim<T>(const strided_block<T>&, \
+                                                                                            std::size_t, std::size_t);
+#define NAMEDAX_INSTANTIATE_INEXACT(T)                                                                        \
+  NAMEDAX_EXTERN template xt::xarray<T> logsumexp_dims<T>(const strided_block<T>&, std::span<const std::size_t>); \
+  NAMEDAX_EXTERN template like_layout<T> softmax_dim<false, T>(const strided_block<T>&, std::size_t);            \
+  NAMEDAX_EXTERN template like_layout<T> softmax_dim<true, T>(const strided_block<T>&, std::size_t);
+NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
+NAMEDAX_INSTANTIATE_INEXACT(float)
+NAMEDAX_INSTANTIATE_INEXACT(double)
+NAMEDAX_INSTANTIATE_FOLD(bool, max_op)  // any
+NAMEDAX_INSTANTIATE_FOLD(bool, min_op)  // all
+#undef NAMEDAX_INSTANTIATE_FOLD
+#undef NAMEDAX_INSTANTIATE
+#undef NAMEDAX_INSTANTIATE_INEXACT
+#endif
 
 }  // namespace namedax::detail
