@@ -44,19 +44,16 @@ using reduction_result_t = std::conditional_t<K == reduction::mean, inexact_t<T>
 /// per group) and the count of reduced positional elements. One function per element type,
 /// not one per leaf type.
 template <class R, class T>
-xt::xarray<R> mean_of(const T* sum, const std::vector<std::size_t>& shape, xt::xarray<float>&& divisor,
-                      float positional_count) {
+xt::xarray<R> mean_of(const T* sum, const dims_t& shape, xt::xarray<float>&& divisor, float positional_count) {
   auto mean = uninitialized_array<R>(shape);
-  auto summed = xt::adapt(sum, mean.size(), xt::no_ownership(), shape);
+  auto summed = xt::adapt(sum, mean.size(), xt::no_ownership(), shape);  // its shape and strides on the stack
   xt::noalias(mean) = xt::cast<R>(summed) / (xt::cast<R>(divisor) * static_cast<R>(positional_count));
   recycle(std::move(divisor));
   return mean;
 }
 #ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
-NAMEDAX_EXTERN template xt::xarray<float> mean_of<float>(const float*, const std::vector<std::size_t>&,
-                                                         xt::xarray<float>&&, float);
-NAMEDAX_EXTERN template xt::xarray<double> mean_of<double>(const double*, const std::vector<std::size_t>&,
-                                                           xt::xarray<float>&&, float);
+NAMEDAX_EXTERN template xt::xarray<float> mean_of<float>(const float*, const dims_t&, xt::xarray<float>&&, float);
+NAMEDAX_EXTERN template xt::xarray<double> mean_of<double>(const double*, const dims_t&, xt::xarray<float>&&, float);
 #endif
 
 /// The value of a reduction from its result and pmean's divisor, typed for leaf X.
@@ -69,7 +66,7 @@ auto reduced_value(Sum sum, xt::xarray<float>&& divisor, float positional_count)
   constexpr axis_mask out_varying = Grouped ? (X::varying | reduced) : (X::varying & ~reduced);
   if constexpr (K == reduction::mean) {
     constexpr bool shared = std::is_same_v<Sum, shared_array<typename Sum::value_type>>;
-    const std::vector<std::size_t> shape(sum.shape().begin(), sum.shape().end());
+    const dims_t shape(sum.shape().begin(), sum.shape().end());
     auto mean = mean_of<R>(sum.data(), shape, std::move(divisor), positional_count);
     if constexpr (!shared) recycle(std::move(sum));
     return make_named<shared_array<R>, Env, out_varying>(share_array<R>(std::move(mean)));
@@ -111,16 +108,16 @@ all_reduced<T> all_reduce_block(std::string_view verb, strided_block<T> in, xt::
   if (!shared) shared = reduce_in_wait<T>(in, named_axes, groups, count_members, op);
   if (shared) return {std::move(shared->first), std::move(shared->second), positional_count};
   auto across = reduce_across_processes<T>(verb, in, named_axes, groups, fold);
-  auto [sum, divisor] =
-      across ? std::move(*across) : reduce_named<T>(verb, std::move(in), kept_rank, named_axes, groups, is_sum, count_members, op);
+  auto [sum, divisor] = across ? std::move(*across)
+                               : reduce_named<T>(verb, std::move(in), kept_rank, named_axes, groups, is_sum,
+                                                 count_members, op);
   return {share_array<T>(std::move(sum)), std::move(divisor), positional_count};
 }
 #ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
-#define NAMEDAX_INSTANTIATE(T, Op)                                                                                  \
-  NAMEDAX_EXTERN template all_reduced<T> all_reduce_block<T, Op>(std::string_view, strided_block<T>, xt::xarray<T>&&, \
-                                                                 std::size_t, std::span<const int>,                 \
-                                                                 std::span<const named_axis>,                       \
-                                                                 const std::optional<groups_t>&, fold_kind, bool, bool, Op);
+#define NAMEDAX_INSTANTIATE(T, Op)                                                                            \
+  NAMEDAX_EXTERN template all_reduced<T> all_reduce_block<T, Op>(                                               \
+      std::string_view, strided_block<T>, xt::xarray<T>&&, std::size_t, std::span<const int>,                   \
+      std::span<const named_axis>, const std::optional<groups_t>&, fold_kind, bool, bool, Op);
 #define NAMEDAX_INSTANTIATE_REDUCTIONS(T) \
   NAMEDAX_INSTANTIATE(T, sum_op) NAMEDAX_INSTANTIATE(T, max_op) NAMEDAX_INSTANTIATE(T, min_op)
 NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE_REDUCTIONS)

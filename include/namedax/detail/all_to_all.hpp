@@ -116,7 +116,10 @@ NAMEDAX_DECL std::string_view split_options(int split_axis, int concat_axis, boo
 #define NAMEDAX_INSTANTIATE(T)                                                                                              \
   NAMEDAX_EXTERN template xt::xarray<T> all_to_all_rule<T>(std::string_view, strided_block<T>, std::size_t,                 \
                                                           std::span<const named_axis>, const std::optional<groups_t>&, int, \
-                                                          int, bool, std::string_view);
+                                                          int, bool, std::string_view);                                     \
+  NAMEDAX_EXTERN template std::optional<strided_block<T>> all_to_all_view<T>(std::string_view, strided_block<T>,            \
+                                                                            std::size_t, std::span<const named_axis>,       \
+                                                                            int, int, std::string_view);
 NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
 #undef NAMEDAX_INSTANTIATE
 #endif

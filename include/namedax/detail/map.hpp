@@ -179,14 +179,22 @@ NAMEDAX_DECL void check_into_rank(std::string_view verb, std::string_view name, 
 NAMEDAX_DECL void check_into_shape(std::string_view verb, std::string_view name, std::size_t leaf,
                                    std::span<const std::size_t> shape, std::span<const std::size_t> fixed);
 
+/// A fresh row-major array of `shape` for a result leaf: one function per element type.
+template <class T>
+output_memory<T> fresh_output(const dims_t& shape) {
+  output_memory<T> out;
+  out.fresh = uninitialized_array<T>(shape);
+  out.data = out.fresh.data();
+  out.strides = row_major_strides(shape);
+  return out;
+}
+
 template <class T, std::size_t Leaf, class Dest>
 output_memory<T> output_memory_for(std::string_view verb, std::string_view name, const dims_t& shape, Dest& dest) {
-  output_memory<T> out;
   if constexpr (std::is_same_v<Dest, no_destination>) {
-    out.fresh = uninitialized_array<T>(shape);
-    out.data = out.fresh.data();
-    out.strides = row_major_strides(shape);
+    return fresh_output<T>(shape);
   } else {
+    output_memory<T> out;
     auto& target = std::get<Leaf>(tree_leaves(dest));
     static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(target)>::value_type, T>,
                   "namedax: into: an output array's element type differs from the result's");
@@ -200,8 +208,8 @@ output_memory<T> output_memory_for(std::string_view verb, std::string_view name,
     }
     out.data = target.data();
     out.strides.assign(target.strides().begin(), target.strides().end());
+    return out;
   }
-  return out;
 }
 
 /// What a map returns for one result leaf: the fresh array itself, or in an enclosing map a
