@@ -118,11 +118,8 @@ all_reduced<T> all_reduce_block(std::string_view verb, strided_block<T> in, xt::
   NAMEDAX_EXTERN template all_reduced<T> all_reduce_block<T, Op>(                                               \
       std::string_view, strided_block<T>, xt::xarray<T>&&, std::size_t, std::span<const int>,                   \
       std::span<const named_axis>, const std::optional<groups_t>&, fold_kind, bool, bool, Op);
-#define NAMEDAX_INSTANTIATE_REDUCTIONS(T) \
-  NAMEDAX_INSTANTIATE(T, sum_op) NAMEDAX_INSTANTIATE(T, max_op) NAMEDAX_INSTANTIATE(T, min_op)
-NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE_REDUCTIONS)
+NAMEDAX_FOR_EACH_ELEMENT_FOLD(NAMEDAX_INSTANTIATE)
 #undef NAMEDAX_INSTANTIATE
-#undef NAMEDAX_INSTANTIATE_REDUCTIONS
 #endif
 
 /// psum / pmean / pmax / pmin over `Names` and positional axes, for one leaf.

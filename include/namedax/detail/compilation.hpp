@@ -18,6 +18,8 @@
 //   NAMEDAX_EXTERN        `extern` before an explicit instantiation in a unit that uses the library,
 //                         nothing in the one that defines it
 //   NAMEDAX_FOR_EACH_ELEMENT_TYPE(M)   M(T) for each element type instantiated in advance
+//   NAMEDAX_FOR_EACH_ELEMENT_FOLD(M)   M(T, Op) for each of them and each fold of the all-reduces
+//                                      (sum_op, max_op, min_op)
 #if !defined(NAMEDAX_SEPARATE_COMPILATION)
 #define NAMEDAX_DECL inline
 #define NAMEDAX_DEFINITIONS 1
@@ -32,6 +34,10 @@
 #endif
 
 #define NAMEDAX_FOR_EACH_ELEMENT_TYPE(M) M(float) M(double) M(std::int32_t) M(std::int64_t)
+#define NAMEDAX_FOR_EACH_FOLD_OF(M, T) M(T, sum_op) M(T, max_op) M(T, min_op)
+#define NAMEDAX_FOR_EACH_ELEMENT_FOLD(M)                                                                       \
+  NAMEDAX_FOR_EACH_FOLD_OF(M, float)                                                                           \
+  NAMEDAX_FOR_EACH_FOLD_OF(M, double) NAMEDAX_FOR_EACH_FOLD_OF(M, std::int32_t) NAMEDAX_FOR_EACH_FOLD_OF(M, std::int64_t)
 
 namespace namedax::detail {
 

@@ -259,11 +259,11 @@ NAMEDAX_DECL xt::xarray<float> members_divisor(std::size_t rank, std::size_t n, 
   NAMEDAX_EXTERN template std::optional<std::pair<std::array<std::shared_ptr<xt::xarray<T>>, 1>, std::size_t>>           \
   reduce_leaves_among_threads<T, 1, Op>(std::string_view, std::array<strided_block<T>, 1>, std::span<const named_axis>,  \
                                         std::span<const std::string_view>, Op);
-#define NAMEDAX_INSTANTIATE_TYPE(T)                                                                                \
-  NAMEDAX_INSTANTIATE(T, sum_op) NAMEDAX_INSTANTIATE(T, max_op) NAMEDAX_INSTANTIATE(T, min_op)                           \
+#define NAMEDAX_INSTANTIATE_TYPE(T)                                                                                      \
   NAMEDAX_EXTERN template std::optional<shared_array<T>> gather_among_threads<T>(                                        \
       std::string_view, strided_block<T>, std::size_t, std::span<const named_axis>, const std::optional<groups_t>&, int, \
       bool);
+NAMEDAX_FOR_EACH_ELEMENT_FOLD(NAMEDAX_INSTANTIATE)
 NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE_TYPE)
 #undef NAMEDAX_INSTANTIATE
 #undef NAMEDAX_INSTANTIATE_TYPE

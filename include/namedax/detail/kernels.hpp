@@ -765,18 +765,15 @@ NAMEDAX_DECL void element_offsets(std::span<const std::size_t> shape, std::span<
 #define NAMEDAX_INSTANTIATE_FOLD(T, Op)                                                                     \
   NAMEDAX_EXTERN template void fold_members<T, Op>(std::span<const T* const>, std::span<const std::size_t>, \
                                                   std::span<const std::ptrdiff_t>, T*, std::span<const std::ptrdiff_t>, Op);
-#define NAMEDAX_INSTANTIATE_FOLDS(T) \
-  NAMEDAX_INSTANTIATE_FOLD(T, sum_op) NAMEDAX_INSTANTIATE_FOLD(T, max_op) NAMEDAX_INSTANTIATE_FOLD(T, min_op)
 NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
 NAMEDAX_INSTANTIATE(bool)
 // The loop order of any number of layouts (each elementwise evaluation asks for it once):
 // 2.3 KB of code that every unit evaluating an expression compiled.
 NAMEDAX_EXTERN template loop_nest<0> output_order<0>(std::span<const std::size_t>,
                                                      std::span<const std::span<const std::ptrdiff_t>>);
-NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE_FOLDS)
+NAMEDAX_FOR_EACH_ELEMENT_FOLD(NAMEDAX_INSTANTIATE_FOLD)
 #undef NAMEDAX_INSTANTIATE
 #undef NAMEDAX_INSTANTIATE_FOLD
-#undef NAMEDAX_INSTANTIATE_FOLDS
 #endif
 
 }  // namespace namedax::detail

@@ -107,11 +107,8 @@ std::pair<xt::xarray<T>, xt::xarray<float>> reduce_named(std::string_view verb, 
       std::string_view, strided_block<T>, std::size_t, std::span<const named_axis>, const std::optional<groups_t>&, bool, \
       bool, Op);                                                                                                          \
   NAMEDAX_EXTERN template xt::xarray<T> reduce_positional<T, Op>(const strided_block<T>&, std::span<const std::size_t>, Op);
-#define NAMEDAX_INSTANTIATE_REDUCTIONS(T) \
-  NAMEDAX_INSTANTIATE(T, sum_op) NAMEDAX_INSTANTIATE(T, max_op) NAMEDAX_INSTANTIATE(T, min_op)
-NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE_REDUCTIONS)
+NAMEDAX_FOR_EACH_ELEMENT_FOLD(NAMEDAX_INSTANTIATE)
 #undef NAMEDAX_INSTANTIATE
-#undef NAMEDAX_INSTANTIATE_REDUCTIONS
 #endif
 
 }  // namespace namedax::detail
