@@ -741,28 +741,28 @@ NAMEDAX_DECL std::vector<std::size_t> sorted_dims(std::vector<std::size_t> dims)
 #endif  // NAMEDAX_DEFINITIONS
 
 // The kernels of the common element types, compiled once with the library: a unit calls them.
+// Reductions and cumsum of the four element types; products, sorts, top_k and the softmaxes of
+// float and double only (what else a unit uses, it compiles itself).
 #ifdef NAMEDAX_SEPARATE_COMPILATION  // defined once, by <namedax/separate_compilation.hpp>
 #define NAMEDAX_INSTANTIATE_FOLD(T, Op) \
   NAMEDAX_EXTERN template xt::xarray<T> fold_dims<T, Op>(const strided_block<T>&, std::span<const std::size_t>, Op);
-#define NAMEDAX_INSTANTIATE(T)                                                                                       \
-  NAMEDAX_INSTANTIATE_FOLD(T, sum_op)                                                                               \
-  NAMEDAX_INSTANTIATE_FOLD(T, prod_op)                                                                              \
-  NAMEDAX_INSTANTIATE_FOLD(T, max_op)                                                                               \
-  NAMEDAX_INSTANTIATE_FOLD(T, min_op)                                                                               \
-  NAMEDAX_EXTERN template xt::xarray<std::int32_t> arg_extremum<true, T>(const strided_block<T>&,                  \
-                                                                         std::span<const std::size_t>);            \
-  NAMEDAX_EXTERN template xt::xarray<std::int32_t> arg_extremum<false, T>(const strided_block<T>&,                 \
-                                                                          std::span<const std::size_t>);           \
-  NAMEDAX_EXTERN template like_layout<T> scan_dim<T, sum_op>(const strided_block<T>&, std::size_t, sum_op);        \
-  NAMEDAX_EXTERN template like_layout<T> scan_dim<T, prod_op>(const strided_block<T>&, std::size_t, prod_op);      \
-  NAMEDAX_EXTERN template like_layout<T> sort_dim<false, T>(const strided_block<T>&, std::size_t);                 \
-  NAMEDAX_EXTERN template like_layout<std::int32_t> sort_dim<true, T>(const strided_block<T>&, std::size_t);       \
-  NAMEDAX_EXTERN template std::pair<like_layout<T>, like_layout<std::int32_t>> top_k_dim<T>(const strided_block<T>&, \
-                                                                                            std::size_t, std::size_t);
-#define NAMEDAX_INSTANTIATE_INEXACT(T)                                                                        \
+#define NAMEDAX_INSTANTIATE(T)                                                                                \
+  NAMEDAX_EXTERN template xt::xarray<std::int32_t> arg_extremum<true, T>(const strided_block<T>&,           \
+                                                                         std::span<const std::size_t>);     \
+  NAMEDAX_EXTERN template xt::xarray<std::int32_t> arg_extremum<false, T>(const strided_block<T>&,          \
+                                                                          std::span<const std::size_t>);    \
+  NAMEDAX_EXTERN template like_layout<T> scan_dim<T, sum_op>(const strided_block<T>&, std::size_t, sum_op);
+#define NAMEDAX_INSTANTIATE_INEXACT(T)                                                                          \
+  NAMEDAX_INSTANTIATE_FOLD(T, prod_op)                                                                          \
+  NAMEDAX_EXTERN template like_layout<T> scan_dim<T, prod_op>(const strided_block<T>&, std::size_t, prod_op);   \
+  NAMEDAX_EXTERN template like_layout<T> sort_dim<false, T>(const strided_block<T>&, std::size_t);              \
+  NAMEDAX_EXTERN template like_layout<std::int32_t> sort_dim<true, T>(const strided_block<T>&, std::size_t);    \
+  NAMEDAX_EXTERN template std::pair<like_layout<T>, like_layout<std::int32_t>> top_k_dim<T>(                    \
+      const strided_block<T>&, std::size_t, std::size_t);                                                       \
   NAMEDAX_EXTERN template xt::xarray<T> logsumexp_dims<T>(const strided_block<T>&, std::span<const std::size_t>); \
   NAMEDAX_EXTERN template like_layout<T> softmax_dim<false, T>(const strided_block<T>&, std::size_t);            \
   NAMEDAX_EXTERN template like_layout<T> softmax_dim<true, T>(const strided_block<T>&, std::size_t);
+NAMEDAX_FOR_EACH_ELEMENT_FOLD(NAMEDAX_INSTANTIATE_FOLD)
 NAMEDAX_FOR_EACH_ELEMENT_TYPE(NAMEDAX_INSTANTIATE)
 NAMEDAX_INSTANTIATE_INEXACT(float)
 NAMEDAX_INSTANTIATE_INEXACT(double)
