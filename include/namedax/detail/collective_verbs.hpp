@@ -20,22 +20,66 @@
 #include <limits>
 
 namespace namedax::detail {
+// The rules on one leaf's block, as collective_leaf runs them: over processes first, then
+// among device threads, then in place for vectorized axes. Objects rather than lambdas of the
+// verbs, so that each is compiled once per element type, not once per leaf type and placement.
+
+/// all_gather's rule, reported in the name of `Verb`.
+template <class Verb>
+struct gather_rule {
+  std::optional<groups_t> groups;
+  int axis;
+  bool tiled;
+
+  template <class T>
+  shared_array<T> operator()(strided_block<T> in, std::size_t rank, std::span<const named_axis> ax) const {
+    constexpr std::string_view verb = Verb::name;
+    if (auto out = all_gather_across_processes(verb, in, rank, ax, groups, axis, tiled))
+      return share_array(std::move(*out));
+    if (auto out = gather_among_threads(verb, in, rank, ax, groups, axis, tiled)) return std::move(*out);
+    return share_array(all_gather_rule(verb, std::move(in), rank, ax, groups, axis, tiled, groups.has_value()));
+  }
+};
+
+/// psum_scatter's rule.
+template <class Verb>
+struct scatter_rule {
+  std::optional<groups_t> groups;
+  int scatter_dimension;
+  bool tiled;
+
+  template <class T>
+  xt::xarray<T> operator()(strided_block<T> in, std::size_t rank, std::span<const named_axis> ax) const {
+    if (auto out = psum_scatter_across_processes(Verb::name, in, rank, ax, groups, scatter_dimension, tiled))
+      return std::move(*out);
+    return psum_scatter_rule(Verb::name, std::move(in), rank, ax, groups, scatter_dimension, tiled);
+  }
+};
+
+/// all_to_all's rule; pswapaxes calls its split dimension `split_name` ("axis").
+template <class Verb>
+struct exchange_rule {
+  std::optional<groups_t> groups;
+  int split_axis, concat_axis;
+  bool tiled;
+  std::string_view split_name;
+
+  template <class T>
+  shared_window<T> operator()(strided_block<T> in, std::size_t rank, std::span<const named_axis> ax) const {
+    if (auto out = all_to_all_across_processes(Verb::name, in, rank, ax, groups, split_axis, concat_axis, tiled))
+      return share_window(std::move(*out));
+    return share_window(
+        all_to_all_rule(Verb::name, std::move(in), rank, ax, groups, split_axis, concat_axis, tiled, split_name));
+  }
+};
+
 /// all_gather of every leaf, reported in the name of `Verb`; `Invariant` types the result as
 /// the same along the axes.
 template <class Verb, bool Invariant, class X, class A>
 auto gather_tree(const X& x, const A& axes, const all_gather_options& options) {
   auto names = names_only(to_axis_list(axes));
-  auto groups = groups_of(options.axis_index_groups);
-  auto gather = [&](const auto& leaf) {
-    return collective_leaf<Verb, Invariant, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
-      constexpr std::string_view verb = Verb::name;
-      if (auto out = all_gather_across_processes(verb, in, rank, ax, groups, options.axis, options.tiled))
-        return share_array(std::move(*out));
-      if (auto out = gather_among_threads(verb, in, rank, ax, groups, options.axis, options.tiled)) return std::move(*out);
-      return share_array(all_gather_rule(verb, std::move(in), rank, ax, groups, options.axis, options.tiled,
-                                         groups.has_value()));
-    });
-  };
+  const gather_rule<Verb> block_rule{groups_of(options.axis_index_groups), options.axis, options.tiled};
+  auto gather = [&](const auto& leaf) { return collective_leaf<Verb, Invariant, false>(leaf, names, block_rule); };
   return tree_map(x, traced_to_rule<rule::all_gather<Invariant>, Verb>(gather, axes, options));
 }
 
@@ -43,15 +87,8 @@ auto gather_tree(const X& x, const A& axes, const all_gather_options& options) {
 template <class Verb, class X, class A>
 auto psum_scatter_tree(const X& x, const A& axes, const psum_scatter_options& options) {
   auto names = names_only(to_axis_list(axes));
-  auto groups = groups_of(options.axis_index_groups);
-  auto scatter = [&](const auto& leaf) {
-    return collective_leaf<Verb, false, true>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
-      if (auto out = psum_scatter_across_processes(Verb::name, in, rank, ax, groups, options.scatter_dimension,
-                                                   options.tiled))
-        return std::move(*out);
-      return psum_scatter_rule(Verb::name, std::move(in), rank, ax, groups, options.scatter_dimension, options.tiled);
-    });
-  };
+  const scatter_rule<Verb> block_rule{groups_of(options.axis_index_groups), options.scatter_dimension, options.tiled};
+  auto scatter = [&](const auto& leaf) { return collective_leaf<Verb, false, true>(leaf, names, block_rule); };
   return tree_map(x, traced_to_rule<rule::psum_scatter, Verb>(scatter, axes, options));
 }
 
@@ -95,18 +132,14 @@ auto all_to_all_tree(const X& x, const A& axes, int split_axis, int concat_axis,
                      const std::vector<std::vector<int>>& axis_index_groups, bool tiled,
                      std::string_view split_name = "split_axis") {
   auto names = names_only(to_axis_list(axes));
-  auto groups = groups_of(axis_index_groups);
+  const exchange_rule<Verb> block_rule{groups_of(axis_index_groups), split_axis, concat_axis, tiled, split_name};
   auto exchange = [&](const auto& leaf) {
     using L = std::remove_cvref_t<decltype(leaf)>;
     if constexpr (NamedValue<L>)
-      if (auto view = all_to_all_in_place<Verb>(leaf, names, groups.has_value(), split_axis, concat_axis, tiled, split_name))
+      if (auto view = all_to_all_in_place<Verb>(leaf, names, block_rule.groups.has_value(), split_axis, concat_axis,
+                                                tiled, split_name))
         return std::move(*view);
-    return collective_leaf<Verb, false, false>(leaf, names, [=](auto in, std::size_t rank, auto ax) {
-      if (auto out = all_to_all_across_processes(Verb::name, in, rank, ax, groups, split_axis, concat_axis, tiled))
-        return share_window(std::move(*out));
-      return share_window(
-          all_to_all_rule(Verb::name, std::move(in), rank, ax, groups, split_axis, concat_axis, tiled, split_name));
-    });
+    return collective_leaf<Verb, false, false>(leaf, names, block_rule);
   };
   return tree_map(x, traced_to_rule<rule::all_to_all, Verb>(exchange, axes, split_axis, concat_axis,
                                                             axis_index_groups, tiled));
