@@ -139,8 +139,6 @@ auto all_reduce_leaf(const X& x, const axis_list<P, Names...>& list, const std::
     using Env = typename X::env_type;
     require_bound<Verb, Env, Names...>();
     using T = accumulate_t<K, typename X::value_type>;
-    auto op = reduction_op<K>();
-
     xt::xarray<T> storage = empty_array<T>();
     strided_block<T> in = block_in_memory<T>(x.payload(), storage);
     auto named_axes = describe_named_axes<X, Names...>(verb);
