@@ -280,13 +280,11 @@ N fit(const R& r, const std::vector<std::size_t>& shape) {
   using T = typename N::value_type;
   using Env = typename N::env_type;
   auto matched = match_variance<N>(in_env<Env>(r));
-  const std::size_t rank = matched.dimension();
-  const std::size_t target = shape.size();
   // Already an array of N's type and shape (a product's or a sum's cotangent, as most are):
   // taken as it is, since cotangents are never written after they are made.
   if constexpr (std::is_same_v<std::remove_cvref_t<decltype(matched)>, N>) {
     const auto& held = matched.payload().shape();
-    if (rank == target && std::equal(shape.begin(), shape.end(), held.begin())) return matched;
+    if (matched.dimension() == shape.size() && std::equal(shape.begin(), shape.end(), held.begin())) return matched;
   }
   return N(share_array(fit_shape<T>(evaluate<T>(matched.payload()), shape, Env::vectorized_count)));
 }

@@ -266,9 +266,10 @@ NAMEDAX_DECL std::vector<std::size_t> canonical_dims(std::string_view verb, cons
 
 /// How the transpose of u -> dot_general(u, v) (or, with `u_is_rhs`, of u -> dot_general(v, u))
 /// computes from the cotangent ct, whose dims are (batch, lhs free, rhs free): ct is contracted
-/// with v over `free` (ct's dims, v's free dims) and batched over `batch` (ct's dims, v's batch
-/// dims), then `perm` puts the product's dims into u's order. Depends on ranks and dims alone,
-/// so it is computed once in the compiled part, not once per operand type.
+/// with v over v's free dims (`free`) and batched over the batch dims (`batch`), each pair in
+/// the product's operand order (ct first when u is the lhs, v first when it is the rhs), then
+/// `perm` puts the product's dims into u's order. Depends on ranks and dims alone, so it is
+/// computed once in the compiled part, not once per operand type.
 struct dot_transpose_plan {
   dimension_pairs free, batch;
   std::vector<int> perm;
@@ -285,9 +286,8 @@ template <class C, class V>
 auto dot_transpose(std::string_view verb, const C& ct, const V& v, std::size_t u_rank, const dimension_pairs& contract,
                    const dimension_pairs& batch, bool u_is_rhs) {
   const auto plan = plan_dot_transpose(verb, u_rank, positional_rank_of(v), contract, batch, u_is_rhs);
-  const auto swapped = [](const dimension_pairs& p) { return dimension_pairs{p.second, p.first}; };
-  auto product = u_is_rhs ? local_dot(verb, v, ct, swapped(plan.free), swapped(plan.batch))
-                          : local_dot(verb, ct, v, plan.free, plan.batch);
+  auto product =
+      u_is_rhs ? local_dot(verb, v, ct, plan.free, plan.batch) : local_dot(verb, ct, v, plan.free, plan.batch);
   return permute_positional(verb, product, plan.perm);  // into u's order; no copy when already in it
 }
 
@@ -378,6 +378,10 @@ NAMEDAX_DECL dot_transpose_plan plan_dot_transpose(std::string_view verb, std::s
   for (std::size_t k = 0; k < uc.size(); ++k) {
     const auto at = std::find(v_contracted_sorted.begin(), v_contracted_sorted.end(), vc[k]) - v_contracted_sorted.begin();
     plan.perm[uc[k]] = static_cast<int>(contracted_start + static_cast<std::size_t>(at));
+  }
+  if (u_is_rhs) {  // the pairs in the product's operand order: v first
+    std::swap(plan.free.first, plan.free.second);
+    std::swap(plan.batch.first, plan.batch.second);
   }
   return plan;
 }
