@@ -10,7 +10,9 @@
 // expressions and of size 0), pytrees, value_and_grad, vjp, the options argnums and has_aux,
 // checkpoint (the same gradient, the forward run again), jvp (the closed form and the
 // dot-product identity with vjp), pgather (names and positional axes in either order, indices
-// out of range) and ragged_all_to_all (operand and output) against closed forms, custom_vjp
+// out of range), ragged_all_to_all (operand and output) and all_gather_v (padding under a
+// vmap too) against closed forms, the asynchronous collectives (the blocking forms' rules),
+// predicates and logical operators (constants), custom_vjp
 // and custom_jvp (the user's rule is the one used, with collectives in it, in vmap and pmap
 // and through a map; a fault in the backward map), the error of a non-scalar result and of a
 // cotangent of another shape, and nested derivatives (an error until they are supported).
@@ -239,7 +241,7 @@ const auto local_family = [](const auto& x, const auto& c, int op) {
   }
 };
 
-constexpr int collective_rules = 30;
+constexpr int collective_rules = 38;
 
 /// The collectives over "i" (4 indices), x of positional shape (4, 3).
 const auto collective_family = [](const auto& x, const auto& c, int op) {
@@ -276,6 +278,20 @@ const auto collective_family = [](const auto& x, const auto& c, int op) {
     case 27: return finish(s, namedax::pmax(x, i));
     case 28: return finish(s, namedax::pmin(x, i));
     case 29: return finish(s, namedax::pmin(namedax::eval(x * c), i) + namedax::pmax(x, i));
+    // The asynchronous forms: under grad the blocking form at start, its rule; on plain values
+    // (the finite differences) the exchange itself.
+    case 30: return finish(s, namedax::async::psum(x, i).wait());
+    case 31: return finish(s, namedax::async::pmean(x * c, i).wait() + namedax::async::pmax(x, i).wait());
+    case 32: return finish(s, namedax::async::all_gather(x, i, {.axis = 1, .tiled = true}).wait());
+    case 33: return finish(s, namedax::async::psum_scatter(x, i, {.scatter_dimension = 0, .tiled = true}).wait());
+    case 34: return finish(s, namedax::async::all_to_all(x, i, 0, 1, {.tiled = true}).wait());
+    case 35: {
+      auto h = namedax::async::ppermute(x, i, {{0, 1}, {1, 2}, {2, 3}, {3, 0}});
+      auto g = namedax::async::pshuffle(x, i, std::vector<int>{2, 0, 3, 1});
+      return finish(s, h.wait() * g.wait());
+    }
+    case 36: return finish(s, namedax::async::pdot(x, c, i, {{0}, {0}}).wait());
+    case 37: return finish(s, namedax::async::pbroadcast(x, i, 2).wait() + namedax::async::pmin(x, i).wait());
     default: throw std::logic_error("no such rule");
   }
 };
@@ -966,6 +982,75 @@ TEST_SUITE("grad") {
     CHECK_BITWISE(v_output, p_output);
   }
 
+  TEST_CASE("grad of all_gather_v: each row's cotangent back to its row, zero past the count, vmap, pmap and nested") {
+    // Along "i" of size 3, index r contributes its first counts[r] of 3 rows; the gather holds
+    // counts[0] + counts[1] + counts[2] rows. Row k < counts[r] of index r lands at row
+    // offset_r + k, offset_r the counts before r.
+    const xt::xarray<double> x = {{{0.1, 0.2}, {0.3, 0.4}, {0.5, 0.6}},
+                                  {{0.7, 0.8}, {0.9, 1.0}, {1.1, 1.2}},
+                                  {{1.3, 1.4}, {1.5, 1.6}, {1.7, 1.8}}};
+    const xt::xarray<double> w = xt::arange<double>(1, 13).reshape({6, 2});
+    // What grad must give: cos(x) w[offset_r + k] times `scale` for the rows that are sent.
+    auto expected = [&](const xt::xarray<int>& counts, double scale) {
+      xt::xarray<double> g = xt::zeros<double>(x.shape());
+      for (std::size_t r = 0, offset = 0; r < 3; offset += static_cast<std::size_t>(counts(r)), ++r)
+        for (std::size_t k = 0; k < static_cast<std::size_t>(counts(r)); ++k)
+          for (std::size_t d = 0; d < 2; ++d) g(r, k, d) = std::cos(x(r, k, d)) * w(offset + k, d) * scale;
+      return g;
+    };
+    // An invariant cotangent (each index takes its own rows) and one that varies along "i"
+    // (weights 1, 2, 3: summed over the indices first, 6 times the rows' cotangent).
+    auto grads = [&w](const auto& xs, const auto& count) {
+      auto invariant = namedax::grad([&](const auto& u) {
+        auto g = namedax::all_gather_v(u, count, "i"_ax);
+        return namedax::sum(namedax::sin(g) * w);
+      })(xs);
+      auto varying = namedax::grad([&](const auto& u) {
+        auto g = namedax::all_gather_v(u, count, "i"_ax);
+        auto weight = namedax::cast<double>(namedax::axis_index("i"_ax) + 1);
+        return namedax::psum(namedax::sum(namedax::sin(g) * w * weight), "i"_ax);
+      })(xs);
+      return std::tuple{invariant, varying};
+    };
+    const xt::xarray<int> counts = {2, 1, 3};
+    const auto [v_invariant, v_varying] = namedax::vmap<"i">(grads)(x, counts);
+    const auto [p_invariant, p_varying] = namedax::pmap<"i">(grads)(x, counts);
+    check_exact("all_gather_v: invariant cotangent", v_invariant, expected(counts, 1));
+    CHECK(relative_error(v_varying, expected(counts, 6)) < 1e-14);
+    CHECK_BITWISE(v_invariant, p_invariant);
+    CHECK_BITWISE(v_varying, p_varying);
+
+    // Under a vmap over "b" whose two elements gather 6 and 4 rows: the second is padded with
+    // zero rows to 6, which send nothing back.
+    const xt::xarray<int> counts_b = {{2, 1, 3}, {0, 3, 1}};
+    const xt::xarray<double> x_b = xt::stack(xt::xtuple(x, x));
+    auto invariant_only = [&](const auto& xs, const auto& count) { return std::get<0>(grads(xs, count)); };
+    const xt::xarray<double> vv = namedax::vmap<"b">(namedax::vmap<"i">(invariant_only))(x_b, counts_b);
+    const xt::xarray<double> vp = namedax::vmap<"b">(namedax::pmap<"i">(invariant_only))(x_b, counts_b);
+    check_exact("all_gather_v under vmap: element 0", xt::view(vv, 0), expected(xt::view(counts_b, 0), 1));
+    check_exact("all_gather_v under vmap: element 1", xt::view(vv, 1), expected(xt::view(counts_b, 1), 1));
+    CHECK_BITWISE(vv, vp);
+  }
+
+  TEST_CASE("grad through isclose, the logical operators, any and all: constants on the primal, vmap and pmap") {
+    // where(cond, u * u, 3 u): the condition is a constant, so the gradient is 2 u where it
+    // holds and 3 elsewhere. Each predicate takes a traced operand (`u && ...`, `!(u * 0)`,
+    // `all(u)`: every element nonzero).
+    const xt::xarray<double> x = {{0.5, 1.0, 2.5}, {1.0, 3.0, 0.25}};
+    auto f = [](const auto& xs) {
+      return namedax::grad([](const auto& u) {
+        const auto cond = (namedax::isclose(u, 1.0) || (u < 2.0 && u)) && !(u * 0.0) && namedax::all(u) &&
+                          !namedax::any(u * 0.0, 0);
+        return namedax::sum(namedax::where(cond, u * u, 3.0 * u));
+      })(xs);
+    };
+    const xt::xarray<double> expected = {{1.0, 2.0, 3.0}, {2.0, 3.0, 0.5}};
+    const xt::xarray<double> v = namedax::vmap<"i">(f)(x);
+    const xt::xarray<double> p = namedax::pmap<"i">(f)(x);
+    check_exact("constants", v, expected);
+    CHECK_BITWISE(v, p);
+  }
+
   TEST_CASE("custom_vjp and custom_jvp: the user's derivative is used, outside and inside maps, every placement") {
     std::mt19937 rng(39);
     const xt::xarray<double> x = uniform(rng, {4, 3}, -1, 1);
@@ -1212,6 +1297,41 @@ TEST_SUITE("grad") {
     const xt::xarray<double> g = namedax::shard_map(body, m, in_specs, namedax::P())(w, x);
     const xt::xarray<double> expected = 0.5 * xt::sum(xt::cos(w * x) * x, {0});
     check_exact("mesh", g, expected);
+  }
+
+  TEST_CASE("grad inside shard_map on a mixed mesh: all_gather_v, async, pgather and custom_jvp against finite differences") {
+    std::mt19937 rng(41);
+    namedax::mesh m{namedax::devices<"i">(2), namedax::vectorized<"j">(2)};
+    const xt::xarray<double> x = uniform(rng, {6, 4}, 0.2, 0.8);  // a block of 3 x 2 per index
+    const xt::xarray<double> c = uniform(rng, {6, 4}, 0.5, 1.5);
+    // all_gather_v's counts per (i, j): along "i", j = 0 gathers 2 + 1 rows and j = 1 gathers 3 + 0.
+    const xt::xarray<int> counts = {{2, 3}, {1, 0}};
+    auto softplus = namedax::custom_jvp([](const auto& v) { return namedax::log1p(namedax::exp(v)); },
+                                        [](const auto& p, const auto& t) {
+                                          const auto& [v] = p;
+                                          return std::pair{namedax::log1p(namedax::exp(v)), namedax::sigmoid(v) * std::get<0>(t)};
+                                        });
+    // The loss of one block, summed over the mesh.
+    auto loss = [softplus](const auto& u, const auto& w, const auto& count) {
+      const auto gathered = namedax::all_gather_v(u, namedax::sum(count), "i"_ax);
+      auto summed = namedax::async::psum(u * w, "j"_ax);
+      auto swapped = namedax::async::ppermute(u, "i"_ax, {{0, 1}, {1, 0}});
+      const auto looked_up = namedax::pgather(u, xt::xarray<int>{1, 0}, "i"_ax);
+      const auto l = namedax::sum(namedax::sin(gathered) * gathered) + namedax::sum(summed.wait() * w) +
+                     namedax::sum(swapped.wait() * w * u) + namedax::sum(namedax::sin(looked_up)) +
+                     namedax::sum(softplus(u) * w);
+      return namedax::psum(l, namedax::axes("i"_ax, "j"_ax));
+    };
+    const auto block = namedax::P("i"_ax, "j"_ax);
+    const auto in_specs = std::tuple{block, block, block};
+    auto grad_body = [loss](const auto& u, const auto& w, const auto& count) {
+      return namedax::grad([&](const auto& t) { return loss(t, w, count); })(u);
+    };
+    const xt::xarray<double> g = namedax::shard_map(grad_body, m, in_specs, block)(x, c, counts);
+    auto at = [&](const xt::xarray<double>& point) {
+      return first(namedax::shard_map(loss, m, in_specs, namedax::P())(point, c, counts));
+    };
+    check_close("shard_map on a mixed mesh", g, finite_difference(at, x));
   }
 
   TEST_CASE("grad of mod and floor_divide: 1 and -floor_divide(a, b) for mod, zero for floor_divide, vmap and pmap") {

@@ -110,22 +110,14 @@ class handles {
 /// there, with the same timeouts and failure reports as a blocking collective; each leaf of a
 /// pytree is an exchange of its own, and at most detail::async_depth (8) exchanges of a device
 /// over the same axes may be in flight. Among MPI processes the start posts MPI_Irecv and
-/// MPI_Isend and wait() waits for them. Under vmap, with a mix of placements, and for nested
-/// pytrees, the exchange runs at start and wait() returns its result.
+/// MPI_Isend and wait() waits for them. Under vmap, with a mix of placements, for nested
+/// pytrees and under grad, the exchange runs at start and wait() returns its result.
 struct ppermute_fn {
   static constexpr std::string_view name = "async::ppermute";
   template <class X, AxisArgument A>
-    requires(!Traced<X>)
   [[nodiscard]] auto operator()(const X& x, const A& axes, const std::vector<std::pair<int, int>>& perm) const {
     auto state = detail::start_ppermute<ppermute_fn>(x, axes, perm);
     return handle<typename decltype(state)::result_type>(std::move(state));
-  }
-  template <Traced X, AxisArgument A>
-  X operator()(const X& x, const A&, const std::vector<std::pair<int, int>>&) const {
-    static_assert(detail::always_false<X>,
-                  "namedax::grad: async::ppermute has no derivative rule; in a differentiated function use "
-                  "namedax::ppermute, whose rule is its transpose");
-    return x;  // only the assertion above is reported
   }
   /// A permutation known at compile time (`namedax::static_perm<0, 1, 1, 0>`): checked at
   /// compile time as namedax::ppermute checks it.
@@ -153,7 +145,9 @@ handle<R> handle_of(namedax::detail::async_state<R> state) {
 /// psum_scatter: MPI_Ireduce_scatter_block; all_to_all and pswapaxes: MPI_Ialltoall) starts
 /// that call and returns; wait() finishes it and completes the result with the blocking
 /// collective's own code. Under vmap, with positional axes, for deferred values, for pytrees
-/// and for the other cases among processes, the blocking collective runs at start.
+/// and for the other cases among processes, the blocking collective runs at start; and under
+/// grad (traced values), where its rule records the derivative: the pullback runs the
+/// blocking transpose, and the forward does not overlap.
 template <class Verb, class Blocking, bool Sums>
 struct started {
   template <class X, class A, class... Args>
@@ -362,14 +356,14 @@ struct pdot_fn : detail::started<pdot_fn, namedax::psum_fn, true> {
         x, y);
     return start(local, axes, "", std::nullopt);
   }
+  /// Under grad (x or y traced): namedax::pdot at start, whose rule records the derivative.
   template <class X, class Y, AxisArgument A>
     requires(Traced<X> || Traced<Y>)
-  auto operator()(const X& x, const Y&, const A&, const namedax::detail::dimension_pairs& = {},
-                  const namedax::detail::dimension_pairs& = {}) const {
-    static_assert(namedax::detail::always_false<X>,
-                  "namedax::grad: asynchronous collectives have no derivative rule; in a differentiated function use "
-                  "namedax::pdot, whose rule is its transpose");
-    return x;  // only the assertion above is reported
+  [[nodiscard]] auto operator()(const X& x, const Y& y, const A& axes,
+                                const namedax::detail::dimension_pairs& pos_contract = {},
+                                const namedax::detail::dimension_pairs& pos_batch = {}) const {
+    return detail::handle_of(namedax::detail::computed_at_start<pdot_fn>(
+        x, axes, [&] { return namedax::pdot(x, y, axes, pos_contract, pos_batch); }));
   }
 };
 inline constexpr pdot_fn pdot{};

@@ -230,6 +230,30 @@ NAMEDAX_TRACED_COMPARISON(less)
 NAMEDAX_TRACED_COMPARISON(less_equal)
 NAMEDAX_TRACED_COMPARISON(greater)
 NAMEDAX_TRACED_COMPARISON(greater_equal)
+// Logical operators and isclose, bool results: on the primals too.
+NAMEDAX_TRACED_COMPARISON(operator&&)
+NAMEDAX_TRACED_COMPARISON(operator||)
+template <Traced X>
+auto operator!(const X& x) {
+  return !x.primal();
+}
+template <class L, class R>
+  requires TracedOperands<L, R>
+auto isclose(const L& l, const R& r, double rtol = 1e-05, double atol = 1e-08, bool equal_nan = false) {
+  return namedax::isclose(detail::ad::primal_of(l), detail::ad::primal_of(r), rtol, atol, equal_nan);
+}
+
+/// `apply(f, xs...)` has no derivative: f is any scalar callable. Give it one with custom_vjp
+/// or custom_jvp, or apply f to stop_gradient(x) where a constant is meant.
+template <class F, class... Xs>
+  requires(sizeof...(Xs) > 0 && (Traced<Xs> || ...))
+auto apply(F, const Xs&... xs) {
+  constexpr bool traced = (Traced<Xs> || ...);  // clang++ would print the fold unfolded in the flag
+  static_assert(detail::has_derivative_rule<!traced>,
+                "namedax::grad: apply has no derivative rule (f is any scalar function); give f a derivative with "
+                "namedax::custom_vjp or namedax::custom_jvp, or apply it to namedax::stop_gradient(x)");
+  return (xs, ...);  // only the assertion above is reported
+}
 
 // Elementwise functions. abs has derivative sign(x) (0 at 0), as JAX.
 NAMEDAX_TRACED_UNARY(abs, ct * namedax::sign(a))
@@ -324,6 +348,21 @@ NAMEDAX_TRACED_UNARY(nan_to_num, namedax::where(namedax::isfinite(a), ct, T(0)))
   }                                                                                                     \
   using detail::ad::traced_reduction_##verb;                                                            \
   NAMEDAX_TRACED_REDUCTION(verb)
+
+/// `any`, `all`: bool results, constants of the program computed on the primal.
+#define NAMEDAX_TRACED_CONSTANT_REDUCTION(verb)                                                          \
+  namespace detail::ad {                                                                                \
+  template <class X>                                                                                    \
+  auto traced_reduction_##verb(const X& x, std::optional<std::vector<int>> dims, bool keepdims) {       \
+    return dims ? namedax::verb(x.primal(), *dims, {.keepdims = keepdims})                              \
+                : namedax::verb(x.primal(), {.keepdims = keepdims});                                    \
+  }                                                                                                     \
+  }                                                                                                     \
+  using detail::ad::traced_reduction_##verb;                                                            \
+  NAMEDAX_TRACED_REDUCTION(verb)
+NAMEDAX_TRACED_CONSTANT_REDUCTION(any)
+NAMEDAX_TRACED_CONSTANT_REDUCTION(all)
+#undef NAMEDAX_TRACED_CONSTANT_REDUCTION
 
 /// `sum`, `mean`: the cotangent spread over the reduced dims (divided by their count for mean).
 NAMEDAX_TRACED_REDUCTION_BODY(sum)

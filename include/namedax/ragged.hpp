@@ -82,13 +82,13 @@ struct all_gather_v_fn {
     // Every index's count first (small), then the rows by one ragged all-to-all.
     return detail::when_resolved(detail::all_gather_v_op<all_gather_v_fn, A>{axes}, x, count);
   }
+  /// Differentiated (namedax::grad) in x: each row's cotangent goes back to the row it came
+  /// from, and the rows past an index's count get zero.
   template <class X, class C, AxisArgument A>
     requires Traced<X>
-  X operator()(const X& x, const C&, const A&) const {
-    static_assert(detail::has_derivative_rule<!Traced<X>>,
-                  "namedax::grad: all_gather_v has no derivative rule yet; gather from namedax::stop_gradient(x), or "
-                  "give the call a derivative of your own with namedax::custom_vjp");
-    return x;  // only the assertion above is reported
+  auto operator()(const X& x, const C& count, const A& axes) const {
+    return detail::derivative<detail::rule::all_gather_v, typename detail::dependent<X, all_gather_v_fn>::type>::apply(
+        x, count, axes);
   }
 };
 inline constexpr all_gather_v_fn all_gather_v{};
@@ -108,13 +108,25 @@ namespace async {
 struct ragged_all_to_all_fn {
   static constexpr std::string_view name = "async::ragged_all_to_all";
   template <class X, class O, class IO, class SS, class OO, class RS, AxisArgument A>
-    requires(NamedOperand<X> || NamedOperand<O>)
+    requires((NamedOperand<X> || NamedOperand<O>) && !Traced<X> && !Traced<O>)
   [[nodiscard]] auto operator()(const X& operand, const O& output, const IO& input_offsets, const SS& send_sizes,
                                 const OO& output_offsets, const RS& recv_sizes, const A& axes,
                                 const ragged_all_to_all_options& options = {}) const {
     return detail::handle_of(namedax::detail::start_ragged<ragged_all_to_all_fn>(
         namedax::detail::ragged_all_to_all_op<ragged_all_to_all_fn, A>{axes, options.axis_index_groups}, operand, output,
         input_offsets, send_sizes, output_offsets, recv_sizes));
+  }
+  /// Under grad (operand or output traced): namedax::ragged_all_to_all at start, whose rule
+  /// records the derivative.
+  template <class X, class O, class IO, class SS, class OO, class RS, AxisArgument A>
+    requires(Traced<X> || Traced<O>)
+  [[nodiscard]] auto operator()(const X& operand, const O& output, const IO& input_offsets, const SS& send_sizes,
+                                const OO& output_offsets, const RS& recv_sizes, const A& axes,
+                                const ragged_all_to_all_options& options = {}) const {
+    return detail::handle_of(namedax::detail::computed_at_start<ragged_all_to_all_fn>(operand, axes, [&] {
+      return namedax::ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, axes,
+                                        options);
+    }));
   }
 };
 inline constexpr ragged_all_to_all_fn ragged_all_to_all{};
@@ -131,6 +143,13 @@ struct all_gather_v_fn {
   [[nodiscard]] auto operator()(const X& x, const C& count, const A& axes) const {
     return detail::handle_of(
         namedax::detail::start_ragged<all_gather_v_fn>(namedax::detail::all_gather_v_op<all_gather_v_fn, A>{axes}, x, count));
+  }
+  /// Under grad (x traced): namedax::all_gather_v at start, whose rule records the derivative.
+  template <class X, class C, AxisArgument A>
+    requires Traced<X>
+  [[nodiscard]] auto operator()(const X& x, const C& count, const A& axes) const {
+    return detail::handle_of(
+        namedax::detail::computed_at_start<all_gather_v_fn>(x, axes, [&] { return namedax::all_gather_v(x, count, axes); }));
   }
 };
 inline constexpr all_gather_v_fn all_gather_v{};

@@ -696,7 +696,8 @@ auto async_made_of(type_list<Names...>, std::index_sequence<I...>) {
 /// every name leaves its array for its destination at once (start_permute); among MPI
 /// processes, a leaf starts MPI_Isend and MPI_Irecv (start_permute_across_processes); every
 /// other case (vmap, a mix of placements, nested pytrees, deferred values) runs the blocking
-/// ppermute now and keeps its result.
+/// ppermute now and keeps its result; so does a traced x (under grad), whose blocking
+/// ppermute records the derivative.
 template <class Verb, class X, class A>
 auto start_ppermute(const X& x, const A& axes, const permutation_t& perm) {
   using R = decltype(namedax::ppermute(x, axes, perm));
@@ -778,14 +779,6 @@ std::optional<xt::svector<std::string_view, 8>> met_among_threads() {
     names.push_back(ax.name);
   }
   return names;
-}
-
-template <class X>
-constexpr void require_not_traced() {
-  constexpr bool traced = Traced<X>;  // clang++ would print `!Traced<...>` unfolded in the flag
-  static_assert(has_derivative_rule<!traced>, "namedax::grad: asynchronous collectives have no derivative rule; in a "
-                                              "differentiated function use the blocking collective, whose rule is its "
-                                              "transpose");
 }
 
 /// Points `slot` at `now` for a scope: what a wait installs for the collective it runs.
@@ -884,11 +877,11 @@ async_state<R> start_among_processes(std::string (*what)(), Held held, const Run
 /// every member at once (start_all_lanes); wait() takes the members' blocks and runs `run` on
 /// the evaluated leaves with those blocks as their members (received_members), so that it
 /// gives the blocking collective's result bit for bit without meeting the devices again.
-/// Every other case (vmap, processes, positional axes, deferred values) runs `run(x)` now.
+/// Every other case (vmap, processes, positional axes, deferred values) runs `run(x)` now;
+/// so does a traced x (under grad), whose blocking collective records the derivative.
 template <class Verb, bool Sums, class X, class A, class Run>
 auto start_collective(const X& x, const A& axes, std::string_view options, const std::optional<groups_t>& groups,
                       Run run) {
-  require_not_traced<X>();
   using R = decltype(run(x));
   return [&]<std::size_t P, class... Names>(const axis_list<P, Names...>&) {
     std::string (*what)() = &async_what<Verb, Names...>;
@@ -972,7 +965,6 @@ async_state<R> start_arrays(type_list<Names...>, std::span<const named_axis> axe
 /// A collective of x that runs whole at start (`run()`), its result held for wait().
 template <class Verb, class X, class A, class Run>
 auto computed_at_start(const X&, const A& axes, Run run) {
-  require_not_traced<X>();
   return [&]<std::size_t P, class... Names>(const axis_list<P, Names...>&) {
     return async_state<decltype(run())>(&async_what<Verb, Names...>, run());
   }(to_axis_list(axes));

@@ -1374,6 +1374,49 @@ struct derivative<rule::ragged_all_to_all, Verb> {
   }
 };
 
+/// For each of the `total` rows of all_gather_v(x, count, axes), where x has `block` rows: the
+/// row of all_gather(x, axes, {.tiled = true}) it holds, or n * block (out of range, nothing)
+/// for a row of padding. Index r's rows start after the counts of the indices before it.
+template <class C, class S, class A>
+auto gathered_v_rows(const C& count, const S& x, const A& axes, std::size_t total) {
+  using index = std::int64_t;
+  const auto per_index = [&] {  // this index's count as a named value
+    if constexpr (NamedValue<C>) return namedax::cast<index>(count);
+    else return namedax::full_like(namedax::cast<index>(namedax::sum(x)), count);
+  }();
+  const auto counts = namedax::eval(namedax::all_gather(per_index, axes));  // [n], in index order
+  const auto ends = namedax::eval(namedax::cumsum(counts, 0));
+  const auto n = static_cast<index>(counts.shape()[0]), rows = static_cast<index>(x.shape()[0]);
+  const xt::xarray<index> row = xt::arange<index>(static_cast<index>(total)).reshape({total, std::size_t{1}});
+  const xt::xarray<index> at = xt::arange<index>(n) * rows;  // where index r's block starts in the gather
+  const auto starts = namedax::eval(ends - counts);
+  const auto holds = namedax::eval(starts <= row && row < ends);  // [total, n]: output row j comes from index r
+  const auto from = namedax::sum(namedax::where(holds, at + (row - starts), index{0}), 1);
+  return namedax::eval(namedax::where(namedax::any(holds, 1), from, n * rows));
+}
+
+/// all_gather_v in x: the pullback is the transpose of the same gather written as take over x
+/// gathered whole (all_gather, tiled), reading the rows the counts name (gathered_v_rows),
+/// found by reverse mode: each row's cotangent goes back to the row it came from, on the index
+/// that holds it (take's pullback, then all_gather's transpose), and x's rows past its count
+/// get zero. The counts are not differentiated.
+template <class Verb>
+struct derivative<rule::all_gather_v, Verb> {
+  template <class X, class C, class A>
+  static auto apply(const X& x, const C& count, const A& axes) {
+    auto y = namedax::eval(Verb{}(x.primal(), count, axes));
+    const std::size_t total = y.shape()[0];
+    return ad::record_call(
+        std::move(y),
+        [count = ad::owned_operand(count), axes, total](const auto& ct, const auto& s) {
+          const auto rows = gathered_v_rows(count, s, axes, total);
+          auto gather = [&](const auto& t) { return namedax::take(namedax::all_gather(t, axes, {.tiled = true}), rows, 0); };
+          return std::get<1>(ad::trace_function<false>("all_gather_v", gather, s))(ct);
+        },
+        x);
+  }
+};
+
 /// vmap, pmap and shard_map differentiated through (grad outside the map, JAX's training
 /// step): the forward map runs on the primals; its pullback is the map of the function's
 /// pullback, over the primals again and the result's cotangent (in_axes and out_axes, or

@@ -426,7 +426,6 @@ struct all_gather_v_op {
 /// case (vmap, processes, a mix of placements) runs the blocking form at start.
 template <class Verb, class Op, class... Xs>
 auto start_ragged(const Op& op, const Xs&... xs) {
-  (require_not_traced<Xs>(), ...);
   using R = decltype(when_resolved(op, xs...));
   return [&]<class... Names>(type_list<Names...> names) {
     if constexpr ((NamedValue<Xs> || ...) && !(DeferredValue<Xs> || ...)) {

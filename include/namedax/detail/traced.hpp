@@ -80,6 +80,7 @@ struct pbroadcast;
 struct pdot;
 struct pgather;
 struct ragged_all_to_all;
+struct all_gather_v;
 struct einsum;
 struct collective_matmul;
 struct structural;
