@@ -127,6 +127,21 @@ TEST_SUITE("maps") {
     CHECK(b1(1, 2) == 3 + 4 + 5);
   }
 
+  TEST_CASE("a device that ran an inner map to its end still meets the other devices (pmap<b> around vmap<i> and pmap<i>)") {
+    // Each inner map returns before the device's next collective over "b": the device must
+    // still be known as itself then.
+    const xt::xarray<double> x = xt::arange<double>(24).reshape({2, 4, 3});
+    auto f = [](const auto& block) {
+      const auto doubled = namedax::vmap<"i">([](const auto& row) { return row * 2.0; })(block);
+      const auto first = namedax::psum(doubled, "b"_ax);
+      const auto tripled = namedax::pmap<"i">([](const auto& row) { return row * 3.0; })(block);
+      return namedax::eval(first + namedax::psum(tripled, "b"_ax));
+    };
+    const xt::xarray<double> expected = xt::broadcast(5.0 * xt::sum(x, {0}), x.shape());
+    CHECK_BITWISE(namedax::pmap<"b">(f)(x), expected);
+    CHECK_BITWISE(namedax::vmap<"b">(f)(x), expected);
+  }
+
   TEST_CASE("a captured outer value in an inner map that receives a named argument") {
     xt::xarray<int> x = xt::arange<int>(6).reshape({2, 3});
     auto outer = [](auto row) {

@@ -378,7 +378,11 @@ NAMEDAX_DECL std::string device_path(const std::vector<frame>& stack) {
   return path;
 }
 
-NAMEDAX_DECL frame_scope::frame_scope(frame f) : saved_(frames()) { frames().push_back(std::move(f)); }
+// The device stays the thread's own for the scope, and is its own again after it: a device
+// that ran an inner map to its end meets the other devices as itself.
+NAMEDAX_DECL frame_scope::frame_scope(frame f) : saved_(frames()), saved_record_(current_device()) {
+  frames().push_back(std::move(f));
+}
 
 NAMEDAX_DECL frame_scope::frame_scope(std::vector<frame> stack, std::shared_ptr<device_record> record)
     : saved_(std::move(frames())), saved_record_(std::move(current_device())) {
