@@ -1384,6 +1384,61 @@ TEST_SUITE("grad") {
     CHECK_BITWISE(xt::xarray<double>(namedax::jacrev(total)(x)), xt::xarray<double>(namedax::grad(total)(x)));
   }
 
+  TEST_CASE("grad outside a map whose function returns a pytree: vmap, pmap and shard_map, against the closed form") {
+    const xt::xarray<double> x = {{0.1, 0.2, 0.3}, {0.4, 0.5, 0.6}, {0.7, 0.8, 0.9}, {1.0, 1.1, 1.2}};
+    const xt::xarray<double> w = {1.0, -2.0, 0.5};
+    // Per row: (sin(row) w, sum(row^2)); the loss sum(a^2) + 3 sum(b) has the gradient
+    // 2 sin(x) cos(x) w^2 + 6 x.
+    auto body = [](const auto& row, const auto& weights) {
+      return std::pair{namedax::sin(row) * weights, namedax::sum(row * row)};
+    };
+    auto finish_loss = [](const auto& ab) { return namedax::sum(ab.first * ab.first) + namedax::sum(ab.second * 3.0); };
+    const auto in_axes = std::tuple{0, namedax::none};
+    auto through_vmap = [&](const auto& p) { return finish_loss(namedax::vmap<"i">(body, in_axes, 0)(p, w)); };
+    auto through_pmap = [&](const auto& p) { return finish_loss(namedax::pmap<"i">(body, in_axes, 0)(p, w)); };
+    namedax::mesh m{namedax::devices<"i">(2)};
+    // shard_map: blocks of two rows, each returning (sin(block) w, the sum of its rows' squares).
+    auto block_body = [](const auto& block, const auto& weights) {
+      return std::pair{namedax::sin(block) * weights, namedax::sum(block * block, {1})};
+    };
+    auto through_mesh = [&](const auto& p) {
+      const auto specs = std::tuple{namedax::P("i"_ax), namedax::P()};
+      return finish_loss(namedax::shard_map(block_body, m, specs, std::pair{namedax::P("i"_ax), namedax::P("i"_ax)})(p, w));
+    };
+    const xt::xarray<double> expected = 2.0 * xt::sin(x) * xt::cos(x) * w * w + 6.0 * x;
+    const xt::xarray<double> gv = namedax::grad(through_vmap)(x);
+    CHECK(relative_error(gv, expected) < 1e-14);
+    CHECK_BITWISE(gv, namedax::grad(through_pmap)(x));
+    CHECK_BITWISE(gv, namedax::grad(through_mesh)(x));
+  }
+
+  TEST_CASE("grad inside an outer map of a function that calls an inner map: every mix of vmap and pmap") {
+    // loss(p, w) = sum over the rows i of sum(sin(p_i) w): dp = cos(p) w; w is replicated, so
+    // its gradient is summed over the rows and over the outer axis "b".
+    const xt::xarray<double> x = xt::arange<double>(24).reshape({2, 4, 3}) * 0.05 + 0.1;
+    const xt::xarray<double> w = {1.0, -2.0, 0.5};
+    auto row_loss = [](const auto& row, const auto& weights) { return namedax::sum(namedax::sin(row) * weights); };
+    auto through = [&]<class Inner>(Inner inner) {
+      return [inner, row_loss, &w](const auto& block) {
+        return namedax::grad(
+            [&](const auto& p, const auto& v) { return namedax::sum(inner(row_loss, std::tuple{0, namedax::none})(p, v)); },
+            namedax::argnums<0, 1>)(block, w);
+      };
+    };
+    auto inner_vmap = through([](auto f, auto in_axes) { return namedax::vmap<"i">(f, in_axes); });
+    auto inner_pmap = through([](auto f, auto in_axes) { return namedax::pmap<"i">(f, in_axes); });
+    const auto [dp, dw] = namedax::vmap<"b">(inner_vmap)(x);
+    const xt::xarray<double> expected_dp = xt::cos(x) * w;
+    const xt::xarray<double> total = xt::sum(xt::sin(x), {0, 1});
+    CHECK(relative_error(dp, expected_dp) < 1e-15);
+    CHECK(relative_error(xt::view(dw, 0), total) < 1e-14);
+    CHECK_BITWISE(xt::view(dw, 0), xt::view(dw, 1));
+    for (const auto& [p, v] : {namedax::vmap<"b">(inner_pmap)(x), namedax::pmap<"b">(inner_vmap)(x), namedax::pmap<"b">(inner_pmap)(x)}) {
+      CHECK_BITWISE(p, dp);
+      CHECK_BITWISE(v, dw);
+    }
+  }
+
   TEST_CASE("grad outside a map of strided views, a transpose and a lazy expression; a map of size 0") {
     // f(w) = sum over the map of sum(row^2): its gradient is 2 w whatever w's layout, and the
     // map takes a view of the caller's memory where the argument is one.

@@ -1431,17 +1431,12 @@ struct derivative<rule::map, Verb> {
     using arguments = std::tuple<Xs...>;
     const std::tuple<const Xs&...> given(xs...);
     const auto leaves = tree_leaves(given);  // the node's operands: every leaf, traced or not
-    static_assert(outside_every_map<std::remove_cvref_t<decltype(leaves)>>(),
-                  "namedax::vmap/pmap/shard_map differentiated through: only a map outside every other map, for now; "
-                  "call grad inside the outer map");
     const auto entries = spread_prefix<arguments>(map.in_axes());  // one entry per leaf
     const auto& f = map.function();
-    auto y = map(primals(xs)...);  // the forward, on plain values
-    using Y = decltype(y);
-    static_assert(PlainValue<Y>, "namedax::vmap/pmap/shard_map differentiated through: the mapped function must "
-                                 "return one value (not a pytree), for now");
-    using T = typename Y::value_type;
-    using N = named<shared_array<T>, env<>, 0>;
+    auto y = map(primals(xs)...);  // the forward, on the primals
+    using Y = std::remove_cvref_t<decltype(y)>;
+    const result_layout<Y> layout(y);
+    using N = typename result_layout<Y>::node_type;
     // The map of the pullback, on the leaves of the arguments (their primals) and the result's
     // cotangent, mapped as the forward's leaves and result were; it returns one cotangent per
     // leaf, stacked as the leaves were.
@@ -1453,27 +1448,105 @@ struct derivative<rule::map, Verb> {
           const auto cotangents = pullback(std::get<sizeof...(leaves_and_ct) - 1>(all));
           return unpack(tree_leaves(cotangents), [](const auto&... c) { return std::make_tuple(c...); });
         },
-        std::tuple_cat(entries, std::tuple{map.out_axes()}), entries);
-    return unpack(leaves, [&](const auto&... leaf) {
+        std::tuple_cat(entries, std::make_tuple(map.out_axes())), entries);  // make_tuple: a pair of specs stays one
+    const auto result = unpack(leaves, [&](const auto&... leaf) {
       return ad::record_call(
-          N(share_array(xt::xarray<T>(std::move(y)))),
-          [backward](const N& ct, const auto&... operands) { return backward(operands..., ct.payload()); },
+          layout.packed(std::move(y)),
+          [backward, layout](const N& ct, const auto&... operands) { return backward(operands..., layout.unpacked(ct)); },
           leaf...);
     });
+    return layout.traced_result(result);
   }
 
  private:
-  /// Whether every leaf (a std::tuple of their references) is a value of no map.
-  template <class Leaves>
-  static constexpr bool outside_every_map() {
-    return []<std::size_t... K>(std::index_sequence<K...>) {
-      return (true && ... && [] {
-        using X = std::remove_cvref_t<std::tuple_element_t<K, Leaves>>;
-        if constexpr (Traced<X>) return X::env_type::size == 0;
-        else return true;
-      }());
-    }(std::make_index_sequence<std::tuple_size_v<Leaves>>{});
-  }
+  /// A map's result as the one value its node holds: a value as it is (a plain array outside
+  /// every map, a named value in the map around it); a pytree's leaves (plain arrays of one
+  /// element type) flattened and laid one after another, the node's result then cut back into
+  /// the pytree's leaves by slices and reshapes, which have derivative rules.
+  template <class Y>
+  struct result_layout {
+    static constexpr bool single = !is_node<Y>;
+    using leaves_type = std::remove_cvref_t<decltype(tree_leaves(std::declval<const Y&>()))>;
+    using value_type = typename std::remove_cvref_t<std::tuple_element_t<0, leaves_type>>::value_type;
+    static_assert(single || []<std::size_t... K>(std::index_sequence<K...>) {
+      return ((PlainValue<std::tuple_element_t<K, leaves_type>> &&
+               std::is_same_v<typename std::remove_cvref_t<std::tuple_element_t<K, leaves_type>>::value_type, value_type>) &&
+              ...);
+    }(std::make_index_sequence<std::tuple_size_v<leaves_type>>{}),
+                  "namedax::vmap/pmap/shard_map differentiated through: a pytree result must have leaves of one element "
+                  "type, and the map must be outside every other map (inside one, return one value for now)");
+    /// What the node holds.
+    static auto node_of() {
+      if constexpr (NamedValue<Y>) return std::type_identity<decltype(namedax::eval(std::declval<const Y&>()))>{};
+      else return std::type_identity<named<shared_array<value_type>, env<>, 0>>{};
+    }
+    using node_type = typename decltype(node_of())::type;
+    std::vector<dims_t> shapes;
+
+    explicit result_layout(const Y& y) {
+      if constexpr (!single) unpack(tree_leaves(y), [&](const auto&... l) { (shapes.emplace_back(l.shape().begin(), l.shape().end()), ...); });
+    }
+    node_type packed(Y y) const {
+      if constexpr (NamedValue<Y>) {
+        return namedax::eval(std::move(y));
+      } else if constexpr (single) {
+        return node_type(share_array(xt::xarray<value_type>(std::move(y))));
+      } else {
+        std::size_t total = 0;
+        for (const auto& s : shapes) total += shape_size(s);
+        auto out = uninitialized_array<value_type>(dims_t{total});
+        value_type* at = out.data();
+        unpack(tree_leaves(y), [&](const auto&... l) { ((at = std::copy(l.begin(), l.end(), at)), ...); });
+        return node_type(share_array(std::move(out)));
+      }
+    }
+    /// The cotangent of the node's value as the backward map takes the result's cotangent.
+    auto unpacked(const node_type& ct) const {
+      if constexpr (NamedValue<Y>) {
+        return ct;
+      } else if constexpr (single) {
+        return ct.payload();
+      } else {
+        std::size_t offset = 0;
+        auto leaf = [&](std::size_t k) {
+          xt::xarray<value_type> part = xt::xarray<value_type>::from_shape(shapes[k]);
+          std::copy_n(ct.payload().data() + offset, part.size(), part.begin());
+          offset += part.size();
+          return part;
+        };
+        auto parts = [&]<std::size_t... K>(std::index_sequence<K...>) {
+          return std::tuple{leaf(K)...};  // braced: in order
+        }(std::make_index_sequence<shapes_count()>{});
+        return tree_unflatten<Y>(parts);
+      }
+    }
+    /// The traced pytree: each leaf a slice of the node's result, reshaped.
+    template <class R>
+    auto traced_result(const R& node) const {
+      if constexpr (single) {
+        return node;
+      } else {
+        std::size_t offset = 0;
+        auto leaf = [&](std::size_t k) {
+          const std::size_t size = shape_size(shapes[k]);
+          auto part = namedax::dynamic_slice(node, std::tuple{static_cast<std::ptrdiff_t>(offset)}, std::array{size});
+          offset += size;
+          return namedax::reshape(part, std::vector<std::ptrdiff_t>(shapes[k].begin(), shapes[k].end()));
+        };
+        auto parts = [&]<std::size_t... K>(std::index_sequence<K...>) {
+          return std::tuple{leaf(K)...};
+        }(std::make_index_sequence<shapes_count()>{});
+        return tree_unflatten<Y>(parts);
+      }
+    }
+
+   private:
+    static constexpr std::size_t shapes_count() { return std::tuple_size_v<leaves_type>; }
+    static std::size_t shape_size(const dims_t& s) {
+      return std::accumulate(s.begin(), s.end(), std::size_t{1}, std::multiplies<>{});
+    }
+  };
+
   /// An argument with its traced leaves replaced by their primals: a leaf as it is (not copied).
   template <class X>
   static decltype(auto) primals(const X& x) {
