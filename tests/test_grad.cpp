@@ -1205,6 +1205,34 @@ TEST_SUITE("grad") {
     check_exact("after a fault in the backward map", recovered, column_sums);
   }
 
+  TEST_CASE("checkpoint, custom_vjp and custom_jvp returning a pytree: vmap and pmap against the closed form") {
+    const xt::xarray<double> x = {{0.1, 0.2, 0.3}, {0.4, 0.5, 0.6}};
+    auto two = [](const auto& u) { return std::pair{namedax::sin(u), namedax::sum(u * u)}; };
+    const auto remat = namedax::checkpoint(two);
+    const auto own_vjp = namedax::custom_vjp(
+        two, [&two](const auto& u) { return std::pair{two(u), u}; },
+        [](const auto& u, const auto& ct) { return namedax::cos(u) * ct.first + 2.0 * u * ct.second; });
+    const auto own_jvp = namedax::custom_jvp(
+        [](const auto& u) { return std::tuple{namedax::exp(u), u * 2.0}; },
+        [](const auto& p, const auto& t) {
+          const auto& u = std::get<0>(p);
+          const auto& du = std::get<0>(t);
+          return std::pair{std::tuple{namedax::exp(u), u * 2.0}, std::tuple{namedax::exp(u) * du, du * 2.0}};
+        });
+    auto f = [&](const auto& row) {
+      return namedax::grad([&](const auto& u) {
+        const auto [a, b] = remat(u);
+        const auto [c, d] = own_jvp(u);
+        const auto [e, g] = own_vjp(u);
+        return namedax::sum(a * a) + b * 3.0 + namedax::sum(c) + namedax::sum(d) + namedax::sum(e) + g;
+      })(row);
+    };
+    const xt::xarray<double> expected = 2.0 * xt::sin(x) * xt::cos(x) + 6.0 * x + xt::exp(x) + 2.0 + xt::cos(x) + 2.0 * x;
+    const xt::xarray<double> v = namedax::vmap<"i">(f)(x);
+    CHECK(relative_error(v, expected) < 1e-14);
+    CHECK_BITWISE(v, namedax::pmap<"i">(f)(x));
+  }
+
   TEST_CASE("vjp: a cotangent of another shape than the output is a namedax::error naming both shapes") {
     std::mt19937 rng(27);
     const xt::xarray<double> x = uniform(rng, {2, 3}, -1, 1);

@@ -81,9 +81,10 @@ auto value_and_grad(F f, Options...) {
 /// under grad or vjp keeps only f's arguments and result, not the values in between: the
 /// backward pass runs f's forward again to get them. Trades compute for memory in a deep
 /// program (a transformer's blocks). The differentiated arguments are traced values
-/// themselves (not pytrees holding some), f returns one named value, and f must not capture
-/// a traced value (pass it as an argument). Each recomputation runs f's collectives again,
-/// on every device in the same order.
+/// themselves (not pytrees holding some), f returns one named value or a pytree of named
+/// values of one type (element type and names), and f must not capture a traced value (pass
+/// it as an argument). Each recomputation runs f's collectives again, on every device in the
+/// same order.
 template <class F>
 auto checkpoint(F f) {
   return detail::ad::checkpointed<F>{{std::move(f)}};
@@ -95,7 +96,7 @@ auto checkpoint(F f) {
 /// `bwd(residuals, ct)` returns one cotangent per argument, a std::tuple (for one argument,
 /// the cotangent alone will do), each a named value, an array or a scalar that fits the
 /// argument as an operation's contribution does. Constants' cotangents are ignored. Outside
-/// any derivative f alone runs. Arguments as for checkpoint; f returns one named value.
+/// any derivative f alone runs. Arguments and result as for checkpoint.
 ///   auto clipped = namedax::custom_vjp(
 ///       [](auto x) { return x; },
 ///       [](auto x) { return std::pair{x, 0}; },
@@ -111,7 +112,7 @@ auto custom_vjp(F f, Fwd fwd, Bwd bwd) {
 /// value_and_grad and vjp the pullback is the transpose of that linear map, found by reverse
 /// mode through the namedax operations it is written in (jax transposes it likewise), so it
 /// must be written in differentiable operations of the tangents. The pullback calls jvp
-/// again at the primals. Arguments as for checkpoint; f returns one named value.
+/// again at the primals. Arguments and result as for checkpoint.
 ///   auto softplus = namedax::custom_jvp(
 ///       [](auto x) { return namedax::log1p(namedax::exp(x)); },
 ///       [](auto p, auto t) {

@@ -1015,6 +1015,62 @@ traced<N> record_call(N value, Backward backward, const Xs&... xs) {
   return traced<N>(make_cell(std::move(value), traced_cells(xs...), std::move(propagate)));
 }
 
+/// The value of each of the `shapes.size()` leaves of a pytree shaped as Y, cut from `packed`
+/// (their elements one after another, each leaf flattened) by slices and reshapes.
+template <class Y, class P>
+auto cut_leaves(const P& packed, const std::vector<dims_t>& shapes) {
+  std::size_t offset = 0;
+  auto leaf = [&](std::size_t k) {
+    const std::size_t size = std::accumulate(shapes[k].begin(), shapes[k].end(), std::size_t{1}, std::multiplies<>{});
+    auto part = namedax::dynamic_slice(packed, std::tuple{static_cast<std::ptrdiff_t>(offset)}, std::array{size});
+    offset += size;
+    if constexpr (Traced<P>) return namedax::reshape(part, shapes[k]);
+    else return namedax::eval(namedax::reshape(part, shapes[k]));
+  };
+  auto leaves = [&]<std::size_t... K>(std::index_sequence<K...>) {
+    return std::tuple{leaf(K)...};  // braced: the leaves in order
+  }(std::make_index_sequence<leaf_count<Y>()>{});
+  return tree_unflatten<Y>(leaves);
+}
+
+/// record_call for a result `y` that may be a pytree: its leaves, named values of one type
+/// (element type, environment, variance), are packed one after another, each flattened, into
+/// the node's one value, and the traced result's leaves are cut from it (cut_leaves: slices
+/// and reshapes, which have derivative rules). `backward(ct, operands...)` gets the cotangent
+/// in y's structure. One value is recorded as it is.
+template <class Y, class Backward, class... Xs>
+auto record_result(Y y, Backward backward, const Xs&... xs) {
+  if constexpr (!is_node<Y>) {
+    static_assert(NamedValue<Y>, "namedax::checkpoint, custom_vjp and custom_jvp: the function must return named "
+                                 "values (one, or a pytree of them)");
+    return record_call(namedax::eval(std::move(y)), std::move(backward), xs...);
+  } else {
+    const auto leaves = tree_leaves(y);
+    using N = decltype(namedax::eval(std::get<0>(leaves)));
+    static_assert([]<std::size_t... K>(std::index_sequence<K...>) {
+      return (std::is_same_v<decltype(namedax::eval(std::get<K>(leaves))), N> && ...);
+    }(std::make_index_sequence<leaf_count<Y>()>{}),
+                  "namedax::grad: the leaves of a pytree result of checkpoint, custom_vjp, custom_jvp or a map "
+                  "differentiated through must be named values of one element type that vary along the same names");
+    std::vector<dims_t> shapes;
+    auto packed = unpack(leaves, [&](const auto&... l) {
+      auto shape_of = [](const auto& leaf) {
+        const auto shape = leaf.shape();  // a named value's shape is a value: one for both ends
+        return dims_t(shape.begin(), shape.end());
+      };
+      (shapes.push_back(shape_of(l)), ...);
+      return namedax::eval(namedax::concat(std::tuple{namedax::reshape(l, -1)...}, 0));
+    });
+    const auto node = record_call(
+        std::move(packed),
+        [backward = std::move(backward), shapes](const N& ct, const auto&... operands) {
+          return backward(cut_leaves<Y>(ct, shapes), operands...);
+        },
+        xs...);
+    return cut_leaves<Y>(node, shapes);
+  }
+}
+
 /// A function with a derivative of its own (checkpoint, custom_vjp, custom_jvp): `f` itself
 /// outside any derivative; under one, `Derived::record(xs...)`, the call recorded as one node.
 /// The differentiated arguments are traced values themselves or constants, not pytrees
@@ -1043,11 +1099,9 @@ struct checkpointed : own_derivative<checkpointed<F>, F> {
   template <class... Xs>
   auto record(const Xs&... xs) const {
     auto y = this->f(primal_of(xs)...);  // nothing is recorded: the operands are plain values
-    static_assert(NamedValue<decltype(y)>, "namedax::checkpoint: the function must return one named value (a pytree "
-                                           "result is not supported yet)");
     // The backward pass: the forward again, recorded this time, and its pullback at once.
-    return record_call(
-        namedax::eval(y),
+    return record_result(
+        std::move(y),
         [f = this->f](const auto& ct, const auto&... operands) {
           return std::get<1>(trace_function<false>("checkpoint", f, operands...))(ct);
         },
@@ -1088,11 +1142,8 @@ struct custom_vjp_function : own_derivative<custom_vjp_function<F, Fwd, Bwd>, F>
                     "residuals)");
       return 0;  // only the assertion is reported
     } else {
-      auto y = namedax::eval(std::get<0>(std::move(out)));
-      static_assert(NamedValue<decltype(y)>, "namedax::custom_vjp: the function must return one named value (a "
-                                             "pytree result is not supported yet)");
-      return record_call(
-          std::move(y),
+      return record_result(
+          std::get<0>(std::move(out)),
           [bwd = bwd, residuals = std::get<1>(std::move(out))](const auto& ct, const auto&...) {
             return cotangent_tuple<sizeof...(Xs)>(bwd(residuals, ct));
           },
@@ -1110,11 +1161,8 @@ struct custom_jvp_function : own_derivative<custom_jvp_function<F, Jvp>, F> {
 
   template <class... Xs>
   auto record(const Xs&... xs) const {
-    auto y = namedax::eval(this->f(primal_of(xs)...));
-    static_assert(NamedValue<decltype(y)>, "namedax::custom_jvp: the function must return one named value (a pytree "
-                                           "result is not supported yet)");
-    return record_call(
-        std::move(y),
+    return record_result(
+        this->f(primal_of(xs)...),
         [jvp = jvp](const auto& ct, const auto&... primals) {
           auto tangent = [&](const auto&... t) {
             auto out = jvp(std::make_tuple(primals...), std::make_tuple(t...));
@@ -1434,9 +1482,16 @@ struct derivative<rule::map, Verb> {
     const auto entries = spread_prefix<arguments>(map.in_axes());  // one entry per leaf
     const auto& f = map.function();
     auto y = map(primals(xs)...);  // the forward, on the primals
-    using Y = std::remove_cvref_t<decltype(y)>;
-    const result_layout<Y> layout(y);
-    using N = typename result_layout<Y>::node_type;
+    // Outside every map the result's leaves are plain arrays: recorded as named values of no map.
+    constexpr bool plain = PlainValue<std::tuple_element_t<0, decltype(tree_leaves(y))>>;
+    auto as_named = [](auto leaf) {
+      if constexpr (plain) {
+        using T = typename decltype(leaf)::value_type;
+        return named<shared_array<T>, env<>, 0>(share_array(xt::xarray<T>(std::move(leaf))));
+      } else {
+        return leaf;
+      }
+    };
     // The map of the pullback, on the leaves of the arguments (their primals) and the result's
     // cotangent, mapped as the forward's leaves and result were; it returns one cotangent per
     // leaf, stacked as the leaves were.
@@ -1449,104 +1504,22 @@ struct derivative<rule::map, Verb> {
           return unpack(tree_leaves(cotangents), [](const auto&... c) { return std::make_tuple(c...); });
         },
         std::tuple_cat(entries, std::make_tuple(map.out_axes())), entries);  // make_tuple: a pair of specs stays one
-    const auto result = unpack(leaves, [&](const auto&... leaf) {
-      return ad::record_call(
-          layout.packed(std::move(y)),
-          [backward, layout](const N& ct, const auto&... operands) { return backward(operands..., layout.unpacked(ct)); },
+    auto result = [&] {
+      if constexpr (is_node<decltype(y)>) return tree_map(y, as_named);
+      else return as_named(std::move(y));  // one array: moved, not copied
+    }();
+    return unpack(leaves, [&](const auto&... leaf) {
+      return ad::record_result(
+          std::move(result),
+          [backward](const auto& ct, const auto&... operands) {
+            if constexpr (plain) return backward(operands..., tree_map(ct, [](const auto& c) { return c.payload(); }));
+            else return backward(operands..., ct);
+          },
           leaf...);
     });
-    return layout.traced_result(result);
   }
 
  private:
-  /// A map's result as the one value its node holds: a value as it is (a plain array outside
-  /// every map, a named value in the map around it); a pytree's leaves (plain arrays of one
-  /// element type) flattened and laid one after another, the node's result then cut back into
-  /// the pytree's leaves by slices and reshapes, which have derivative rules.
-  template <class Y>
-  struct result_layout {
-    static constexpr bool single = !is_node<Y>;
-    using leaves_type = std::remove_cvref_t<decltype(tree_leaves(std::declval<const Y&>()))>;
-    using value_type = typename std::remove_cvref_t<std::tuple_element_t<0, leaves_type>>::value_type;
-    static_assert(single || []<std::size_t... K>(std::index_sequence<K...>) {
-      return ((PlainValue<std::tuple_element_t<K, leaves_type>> &&
-               std::is_same_v<typename std::remove_cvref_t<std::tuple_element_t<K, leaves_type>>::value_type, value_type>) &&
-              ...);
-    }(std::make_index_sequence<std::tuple_size_v<leaves_type>>{}),
-                  "namedax::vmap/pmap/shard_map differentiated through: a pytree result must have leaves of one element "
-                  "type, and the map must be outside every other map (inside one, return one value for now)");
-    /// What the node holds.
-    static auto node_of() {
-      if constexpr (NamedValue<Y>) return std::type_identity<decltype(namedax::eval(std::declval<const Y&>()))>{};
-      else return std::type_identity<named<shared_array<value_type>, env<>, 0>>{};
-    }
-    using node_type = typename decltype(node_of())::type;
-    std::vector<dims_t> shapes;
-
-    explicit result_layout(const Y& y) {
-      if constexpr (!single) unpack(tree_leaves(y), [&](const auto&... l) { (shapes.emplace_back(l.shape().begin(), l.shape().end()), ...); });
-    }
-    node_type packed(Y y) const {
-      if constexpr (NamedValue<Y>) {
-        return namedax::eval(std::move(y));
-      } else if constexpr (single) {
-        return node_type(share_array(xt::xarray<value_type>(std::move(y))));
-      } else {
-        std::size_t total = 0;
-        for (const auto& s : shapes) total += shape_size(s);
-        auto out = uninitialized_array<value_type>(dims_t{total});
-        value_type* at = out.data();
-        unpack(tree_leaves(y), [&](const auto&... l) { ((at = std::copy(l.begin(), l.end(), at)), ...); });
-        return node_type(share_array(std::move(out)));
-      }
-    }
-    /// The cotangent of the node's value as the backward map takes the result's cotangent.
-    auto unpacked(const node_type& ct) const {
-      if constexpr (NamedValue<Y>) {
-        return ct;
-      } else if constexpr (single) {
-        return ct.payload();
-      } else {
-        std::size_t offset = 0;
-        auto leaf = [&](std::size_t k) {
-          xt::xarray<value_type> part = xt::xarray<value_type>::from_shape(shapes[k]);
-          std::copy_n(ct.payload().data() + offset, part.size(), part.begin());
-          offset += part.size();
-          return part;
-        };
-        auto parts = [&]<std::size_t... K>(std::index_sequence<K...>) {
-          return std::tuple{leaf(K)...};  // braced: in order
-        }(std::make_index_sequence<shapes_count()>{});
-        return tree_unflatten<Y>(parts);
-      }
-    }
-    /// The traced pytree: each leaf a slice of the node's result, reshaped.
-    template <class R>
-    auto traced_result(const R& node) const {
-      if constexpr (single) {
-        return node;
-      } else {
-        std::size_t offset = 0;
-        auto leaf = [&](std::size_t k) {
-          const std::size_t size = shape_size(shapes[k]);
-          auto part = namedax::dynamic_slice(node, std::tuple{static_cast<std::ptrdiff_t>(offset)}, std::array{size});
-          offset += size;
-          return namedax::reshape(part, std::vector<std::ptrdiff_t>(shapes[k].begin(), shapes[k].end()));
-        };
-        auto parts = [&]<std::size_t... K>(std::index_sequence<K...>) {
-          return std::tuple{leaf(K)...};
-        }(std::make_index_sequence<shapes_count()>{});
-        return tree_unflatten<Y>(parts);
-      }
-    }
-
-   private:
-    static constexpr std::size_t shapes_count() { return std::tuple_size_v<leaves_type>; }
-    static std::size_t shape_size(const dims_t& s) {
-      return std::accumulate(s.begin(), s.end(), std::size_t{1}, std::multiplies<>{});
-    }
-  };
-
   /// An argument with its traced leaves replaced by their primals: a leaf as it is (not copied).
   template <class X>
   static decltype(auto) primals(const X& x) {
