@@ -17,9 +17,11 @@ namespace namedax {
 /// the (n b) x c product of the gathered rows, in index order. Each of the n steps multiplies
 /// the block held (first this index's own, then its predecessors') while that block moves on
 /// to the next index. Each block's product is the one matmul the gathered product computes
-/// for its rows; bit for bit the same in every placement. With `{.bidirectional = true}`
-/// blocks travel both ways at once (n / 2 steps of two blocks each): the same result, bits
-/// included, since every block's product is the same matmul.
+/// for its rows; bit for bit the same in every placement. Among the device threads of one
+/// process, where a block is read where it is, the devices meet once instead (all_gather)
+/// and each block's product is written into its rows of the result by that same matmul.
+/// With `{.bidirectional = true}` blocks travel both ways at once (n / 2 steps of two blocks
+/// each): the same result, bits included, since every block's product is the same matmul.
 ///   auto y = all_gather_matmul(x_rows, w, "data"_ax);  // = xeinsum<"ij,jk->ik">(all_gather(x_rows, ...), w)
 ///   auto z = all_gather_matmul(x_rows, w, "data"_ax, {.bidirectional = true});  // == y
 /// Its transpose in x is matmul_reduce_scatter(ct, w transposed), see namedax::linear.

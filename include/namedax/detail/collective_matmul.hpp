@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The rings of all_gather_matmul and matmul_reduce_scatter, written with the public verbs
 // (async::ppermute, xeinsum, dynamic_slice, dynamic_update_slice), so that one body serves
-// every placement.
+// every placement; beside it, all_gather_matmul among the device threads of one process, where
+// blocks need not travel: one all_gather, and each block's gemm writing into its rows.
 #pragma once
 // IWYU pragma: private, include <namedax/collective_matmul.hpp>
 
@@ -12,6 +13,7 @@
 #include <namedax/xeinsum.hpp>
 
 #include <array>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <tuple>
@@ -72,6 +74,43 @@ struct ring_step_counts {
   ring_step_counts(int n, bool both_ways) : forward(both_ways ? n / 2 : n - 1), backward(both_ways ? (n - 1) / 2 : 0) {}
 };
 
+/// all_gather_matmul among the device threads of one process, where a block need not travel
+/// to be read: the devices meet once, in all_gather (tiled, one shared array), and each
+/// block's product is written into its rows of the result by the gemm the ring runs for that
+/// block (the same problem: the same bits). R is the ring's result type. Nothing where this
+/// does not apply (vmap, processes, vectorized dims in the payload, a product gemm does not
+/// take): the ring runs then.
+template <class R, class X, class W, class A>
+std::optional<R> all_gather_matmul_on_threads(const X& own, const W& w, const A& axis, std::size_t n) {
+  using Env = typename R::env_type;
+  using T = typename R::value_type;
+  if constexpr (Env::vectorized_count != 0 || !GemmScalar<T>) {
+    return std::nullopt;
+  } else {
+    const frame* f = find_frame(A::name);
+    if (!current_device() || !f || !f->shared || f->processes) return std::nullopt;
+    xt::xarray<T> x_storage, w_storage;
+    const strided_block<T> block = block_in_memory<T>(own.payload(), x_storage);
+    const auto w_payload = payload_in<Env>(w);
+    const strided_block<T> right = block_in_memory<T>(w_payload, w_storage);
+    const std::size_t rows = block.shape[0], columns = right.shape[1];
+    const dims_t shape{rows, columns};
+    const auto strides = row_major_strides(shape);
+    const std::array<std::string_view, 2> subscripts{"ij", "jk"};
+    // The problem of every block (each has this index's shape and strides in the gathered rows).
+    const auto problem = einsum_as_gemm<T>(std::array{block, right}, subscripts, "ik", "j", 0, shape, strides);
+    if (!problem) return std::nullopt;
+    const auto gathered = namedax::all_gather(own, axis, {.tiled = true});
+    xt::xarray<T> gathered_storage;
+    const strided_block<T> all = block_in_memory<T>(gathered.payload(), gathered_storage);
+    auto out = uninitialized_array<T>(dims_t{n * rows, columns});
+    for (std::size_t j = 0; j < n; ++j)
+      gemm_contract<T>(*problem, chunk_of(all, 0, j, rows).data, right.data, out.data() + j * rows * columns,
+                       rows * columns, true);
+    return make_named<shared_array<T>, Env, R::varying>(share_array(std::move(out)));
+  }
+}
+
 /// At step s an index holds the block of index (me - s) mod n, moving forward, and both ways
 /// also the block of (me + s) mod n, moving back; each block's product fills its index's rows
 /// of the result while the next blocks travel. Every block's product is the same matmul either
@@ -85,6 +124,9 @@ auto all_gather_matmul_ring(const X& x, const W& w, const A& axis, bool both_way
   const ring_step_counts steps(n, both_ways);
   const auto next = ring_shift(n, 1), previous = ring_shift(n, -1);
   auto from_behind = namedax::eval(namedax::pvary(x, axis));
+  using R = decltype(gathered_rows(block_product(from_behind, w), me, n));
+  if (auto on_threads = all_gather_matmul_on_threads<R>(from_behind, w, axis, static_cast<std::size_t>(n)))
+    return std::move(*on_threads);
   auto from_ahead = from_behind;
   if (n == 1) return gathered_rows(block_product(from_behind, w), me, n);
   auto to_next = namedax::async::ppermute(from_behind, axis, next);  // in flight while the own block is multiplied
