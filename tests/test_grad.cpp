@@ -970,6 +970,20 @@ TEST_SUITE("grad") {
     };
     const auto [v_operand, v_output] =
         namedax::vmap<"i">(grads)(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, c);
+    // The asynchronous form under grad: the blocking form at start, the same gradients.
+    auto started = [](const auto& x, const auto& o, const auto& io, const auto& ss, const auto& oo, const auto& rs,
+                      const auto& ct) {
+      return namedax::grad(
+          [&](const auto& p, const auto& q) {
+            auto h = namedax::async::ragged_all_to_all(p, q, io, ss, oo, rs, "i"_ax);
+            return namedax::psum(namedax::sum(h.wait() * ct), "i"_ax);
+          },
+          namedax::argnums<0, 1>)(x, o);
+    };
+    const auto [a_operand, a_output] =
+        namedax::pmap<"i">(started)(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, c);
+    CHECK_BITWISE(a_operand, v_operand);
+    CHECK_BITWISE(a_output, v_output);
     const auto [p_operand, p_output] =
         namedax::pmap<"i">(grads)(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, c);
     // Each operand row gets the cotangent of the row it landed in; a row not sent gets 0.
@@ -1032,6 +1046,30 @@ TEST_SUITE("grad") {
     CHECK_BITWISE(vv, vp);
   }
 
+  TEST_CASE("the asynchronous all_gather_v, pgather and pargmin under grad: the blocking forms' gradient, bit for bit") {
+    const xt::xarray<double> x = {{1.0, 2.0, 3.0}, {4.0, 5.0, 6.0}};
+    const xt::xarray<int> counts = {2, 1};
+    auto started = [](const auto& xs, const auto& count) {
+      return namedax::grad([&](const auto& u) {
+        auto gathered = namedax::async::all_gather_v(u, count, "i"_ax);
+        auto index = namedax::async::pargmin(u, "i"_ax);  // a constant: its wait only has to work
+        auto looked_up = namedax::async::pgather(u, xt::xarray<int>{1, 0}, "i"_ax);
+        return namedax::sum(namedax::sin(gathered.wait())) + namedax::sum(namedax::sin(looked_up.wait())) +
+               namedax::sum(namedax::cast<double>(index.wait())) * 0.0;
+      })(xs);
+    };
+    auto blocking = [](const auto& xs, const auto& count) {
+      return namedax::grad([&](const auto& u) {
+        return namedax::sum(namedax::sin(namedax::all_gather_v(u, count, "i"_ax))) +
+               namedax::sum(namedax::sin(namedax::pgather(u, xt::xarray<int>{1, 0}, "i"_ax)));
+      })(xs);
+    };
+    const xt::xarray<double> v = namedax::vmap<"i">(started)(x, counts);
+    CHECK_BITWISE(v, namedax::vmap<"i">(blocking)(x, counts));
+    CHECK_BITWISE(v, namedax::pmap<"i">(started)(x, counts));
+    CHECK(xt::amax(xt::abs(v))() > 0.1);  // not vacuous
+  }
+
   TEST_CASE("grad through isclose, the logical operators, any and all: constants on the primal, vmap and pmap") {
     // where(cond, u * u, 3 u): the condition is a constant, so the gradient is 2 u where it
     // holds and 3 elsewhere. Each predicate takes a traced operand (`u && ...`, `!(u * 0)`,
@@ -1085,7 +1123,7 @@ TEST_SUITE("grad") {
 
     // jax's clip_gradient: the identity forward, the cotangent clipped backward; the bounds are
     // constants (their cotangents ignored), the rule is the user's, not the identity's.
-    auto clip_gradient = namedax::custom_vjp([](double lo, double hi, const auto& a) { return a * 1.0; },
+    auto clip_gradient = namedax::custom_vjp([](double, double, const auto& a) { return a * 1.0; },
                                              [](double lo, double hi, const auto& a) {
                                                return std::pair{a * 1.0, std::pair{lo, hi}};
                                              },

@@ -331,6 +331,13 @@ struct pgather_fn {
   [[nodiscard]] auto operator()(const S& src, const I& idx, const A& axes) const {
     return detail::handle_of(namedax::detail::start_pgather<pgather_fn>(src, idx, axes));
   }
+  /// Under grad (src traced): namedax::pgather at start, whose rule records the derivative.
+  template <class S, class I, AxisArgument A>
+    requires(Traced<S> && Operand<I>)
+  [[nodiscard]] auto operator()(const S& src, const I& idx, const A& axes) const {
+    return detail::handle_of(
+        namedax::detail::computed_at_start<pgather_fn>(src, axes, [&] { return namedax::pgather(src, idx, axes); }));
+  }
 };
 inline constexpr pgather_fn pgather{};
 
