@@ -1021,7 +1021,7 @@ template <class Y, class P>
 auto cut_leaves(const P& packed, const std::vector<dims_t>& shapes) {
   std::size_t offset = 0;
   auto leaf = [&](std::size_t k) {
-    const std::size_t size = std::accumulate(shapes[k].begin(), shapes[k].end(), std::size_t{1}, std::multiplies<>{});
+    const std::size_t size = element_count(shapes[k]);
     auto part = namedax::dynamic_slice(packed, std::tuple{static_cast<std::ptrdiff_t>(offset)}, std::array{size});
     offset += size;
     if constexpr (Traced<P>) return namedax::reshape(part, shapes[k]);
