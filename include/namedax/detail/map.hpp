@@ -57,8 +57,16 @@ constexpr std::size_t vectorized_dims_of() {
   else return 0;
 }
 
-NAMEDAX_DECL std::size_t canonical_axis(std::string_view verb, std::string_view name, std::string_view what, int axis,
-                                        std::size_t count);
+/// `axis` (negative: from the end) as one of `count` positions, or nothing when out of range.
+constexpr std::optional<std::size_t> position_of(int axis, std::size_t count) {
+  const auto n = static_cast<std::ptrdiff_t>(count);
+  const std::ptrdiff_t d = axis < 0 ? axis + n : axis;
+  if (d < 0 || d >= n) return std::nullopt;
+  return static_cast<std::size_t>(d);
+}
+/// The error for an in_axes or out_axes entry (`what`) that position_of finds out of range.
+[[noreturn]] NAMEDAX_DECL void fail_axis_range(std::string_view verb, std::string_view name, std::string_view what,
+                                               int axis, std::size_t count);
 
 /// The dims of a mapped view: a std::array when the payload's rank is known at compile time
 /// (a fixed-rank argument such as xt::xtensor<float, 2>), so that its type says its rank.
@@ -659,8 +667,10 @@ NAMEDAX_DECL map_extent check_map_arguments(std::string_view verb, std::string_v
   for (std::size_t k = 0; k < leaves.size(); ++k) {
     map_leaf& leaf = leaves[k];
     if (!leaf.entry) continue;
-    const std::size_t d = canonical_axis(verb, name, message("in_axes of ", argument_name(leaf_counts, k)), *leaf.entry,
-                                         leaf.shape.size());
+    const auto position = position_of(*leaf.entry, leaf.shape.size());
+    if (!position)  // the message only on failure: a map call builds no strings
+      fail_axis_range(verb, name, message("in_axes of ", argument_name(leaf_counts, k)), *leaf.entry, leaf.shape.size());
+    const std::size_t d = *position;
     leaf.dim = d;
     if (size && *size != leaf.shape[d])
       fail("namedax::", verb, "<\"", name, "\">: mapped arguments differ in size along the axis: ",
@@ -694,18 +704,14 @@ NAMEDAX_DECL map_extent check_map_arguments(std::string_view verb, std::string_v
     fail("namedax::", verb, "<\"", name, "\">: cannot map over zero devices");
   return extent;
 }
-NAMEDAX_DECL std::size_t canonical_axis(std::string_view verb, std::string_view name, std::string_view what, int axis,
-                                        std::size_t count) {
+[[noreturn]] NAMEDAX_DECL void fail_axis_range(std::string_view verb, std::string_view name, std::string_view what, int axis,
+                                               std::size_t count) {
   const int n = static_cast<int>(count);
-  const int d = axis < 0 ? axis + n : axis;
-  if (d < 0 || d >= n) {
-    // Only an in_axes entry can meet no positions: an out_axes entry has the rank + 1.
-    if (n == 0) fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis,
-                     ", but the value has no positional dim; give it in_axes namedax::none");
-    fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis, ", out of range for ", n,
-         n == 1 ? " position (valid: " : " positions (valid: ", -n, " to ", n - 1, ")");
-  }
-  return static_cast<std::size_t>(d);
+  // Only an in_axes entry can meet no positions: an out_axes entry has the rank + 1.
+  if (n == 0) fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis,
+                   ", but the value has no positional dim; give it in_axes namedax::none");
+  fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis, ", out of range for ", n,
+       n == 1 ? " position (valid: " : " positions (valid: ", -n, " to ", n - 1, ")");
 }
 
 NAMEDAX_DECL void check_into_rank(std::string_view verb, std::string_view name, std::size_t leaf,
@@ -726,7 +732,9 @@ NAMEDAX_DECL stacked_layout stack_layout(std::string_view verb, std::string_view
                                          std::span<const std::size_t> slab, std::size_t count, int out_axes,
                                          std::size_t outer_vectorized, std::size_t leaf) {
   const std::size_t positional = slab.size() - outer_vectorized;
-  const std::size_t o = canonical_axis(verb, name, message("out_axes of result ", leaf), out_axes, positional + 1);
+  const auto position = position_of(out_axes, positional + 1);
+  if (!position) fail_axis_range(verb, name, message("out_axes of result ", leaf), out_axes, positional + 1);
+  const std::size_t o = *position;
   stacked_layout l{{}, o};
   for (std::size_t k = 0; k <= slab.size(); ++k) {
     if (k == o) l.shape.push_back(count);
