@@ -510,14 +510,15 @@ class async_state {
     note_caller();
   }
   /// The receipts of a collective in which every member sends (start_all_lanes), or of one
-  /// started among processes, and how to make the result from them.
-  using finish_fn = std::function<R(std::vector<async_receipt>&, process_receipt&)>;
-  async_state(std::string (*what)(), std::vector<async_receipt> lanes, finish_fn finish)
-      : what_(what), lanes_(std::move(lanes)), finish_(std::move(finish)) {
+  /// started among processes, and how to make the result from them: `finish(lanes, process)`.
+  template <std::invocable<std::vector<async_receipt>&, process_receipt&> Finish>
+  async_state(std::string (*what)(), std::vector<async_receipt> lanes, Finish finish)
+      : what_(what), lanes_(std::move(lanes)), finish_(new finisher_of<Finish>(std::move(finish))) {
     note_caller();
   }
-  async_state(std::string (*what)(), process_receipt receipt, finish_fn finish)
-      : what_(what), process_(std::move(receipt)), finish_(std::move(finish)) {
+  template <std::invocable<std::vector<async_receipt>&, process_receipt&> Finish>
+  async_state(std::string (*what)(), process_receipt receipt, Finish finish)
+      : what_(what), process_(std::move(receipt)), finish_(new finisher_of<Finish>(std::move(finish))) {
     note_caller();
   }
   async_state(async_state&& other) noexcept { *this = std::move(other); }
@@ -545,7 +546,7 @@ class async_state {
       fail(what_ ? what_() : std::string("namedax::async"), ": wait() was called on a handle that holds no exchange",
            where(), " (it was waited already, or moved from); call wait() once on each started handle");
     if (value_) return std::exchange(value_, std::nullopt).value();
-    if (finish_) return finish_(lanes_, process_);
+    if (finish_) return finish_->finish(lanes_, process_);
     return receive_(receipts_, process_, shapes_);
   }
 
@@ -585,8 +586,21 @@ class async_state {
   shapes shapes_;
   process_receipt process_;
   receive_fn receive_ = nullptr;
+  /// A start's finishing lambda, held as one small class per lambda: std::function would also
+  /// instantiate copying it, its manager and its checks, for every collective a program starts.
+  struct finisher {
+    virtual ~finisher() = default;
+    virtual R finish(std::vector<async_receipt>& lanes, process_receipt& process) = 0;
+  };
+  template <class F>
+  struct finisher_of final : finisher {
+    explicit finisher_of(F f) : f_(std::move(f)) {}
+    R finish(std::vector<async_receipt>& lanes, process_receipt& process) override { return f_(lanes, process); }
+    F f_;
+  };
+
   std::vector<async_receipt> lanes_;
-  finish_fn finish_;
+  std::unique_ptr<finisher> finish_;
   std::shared_ptr<device_record> device_;
   int exceptions_ = 0;
 };
