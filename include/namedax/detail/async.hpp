@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -488,6 +489,13 @@ class handle_dropped_error : public collective_error {
 /// that prints "namedax: terminating: <what> ..." when this error ends the program.
 [[noreturn]] NAMEDAX_DECL void throw_dropped(const std::string& what);
 
+/// Whether some receipt of `receipts` is still active.
+inline bool any_active(std::span<const async_receipt> receipts) {
+  for (const async_receipt& r : receipts)
+    if (r.active()) return true;
+  return false;
+}
+
 /// What a handle holds: the result itself when it was computed at start (vmap, and every case
 /// that is not an exchange among device threads), or the receipt of the block to come and how
 /// to type it as the blocking collective types its result.
@@ -536,9 +544,7 @@ class async_state {
   ~async_state() = default;
 
   [[nodiscard]] bool pending() const {
-    auto active = [](const async_receipt& r) { return r.active(); };
-    return value_.has_value() || process_.active() || std::any_of(receipts_.begin(), receipts_.end(), active) ||
-           std::any_of(lanes_.begin(), lanes_.end(), active);
+    return value_.has_value() || process_.active() || any_active(receipts_) || any_active(lanes_);
   }
 
   R wait() {
@@ -884,6 +890,19 @@ async_state<R> start_among_processes(std::string (*what)(), Held held, const Run
   return async_state<R>(what, std::move(receipt), std::move(finish));
 }
 
+/// Of one leaf of a start among device threads: the device axes its frame meets, and how many
+/// members they span (0: none). Not a type of start_collective's own, which each start's
+/// instantiation would have again, with its vector.
+struct leaf_meeting {
+  xt::svector<std::string_view, 8> names;
+  std::size_t members = 0;
+};
+inline bool any_meets(const std::vector<leaf_meeting>& met) {
+  for (const leaf_meeting& m : met)
+    if (m.members > 0) return true;
+  return false;
+}
+
 /// Starts the collective that `run(x)` computes (a blocking collective with its axes and
 /// options bound; `options` and `groups` as its frames write them into their signature).
 /// Among device threads, when every leaf is sent as it is (leaves_sent_as_they_are) and
@@ -902,28 +921,23 @@ auto start_collective(const X& x, const A& axes, std::string_view options, const
     if constexpr (P == 0 && leaves_sent_as_they_are<X, Sums>()) {
       using held_type = decltype(tree_map(x, [](const auto& leaf) { return namedax::eval(leaf); }));
       if constexpr (std::is_same_v<decltype(run(std::declval<const held_type&>())), R>) {
-        // Per leaf: the device axes its frame meets and how many members they span (0: none).
-        struct meeting {
-          xt::svector<std::string_view, 8> names;
-          std::size_t members = 0;
-        };
-        std::vector<meeting> met;
+        std::vector<leaf_meeting> met;
         bool on_threads = current_device() != nullptr && !members_received();
         tree_for_each(x, [&]<class L>(const L&) {
           const auto names = met_among_threads<Verb, L, Names...>();
           on_threads = on_threads && names;
-          meeting& m = met.emplace_back();
+          leaf_meeting& m = met.emplace_back();
           if (!names || names->empty()) return;
           m.names = *names, m.members = 1;
           for (std::string_view name : m.names) m.members *= find_frame(name)->size;
         });
-        if (on_threads && std::any_of(met.begin(), met.end(), [](const meeting& m) { return m.members > 0; })) {
+        if (on_threads && any_meets(met)) {
           const std::string text(options);  // option_text's buffer is reused by the calls below
           held_type held = tree_map(x, [](const auto& leaf) { return namedax::eval(leaf); });
           std::vector<async_receipt> lanes;
           std::size_t leaf = 0;
           tree_for_each(held, [&]<class L>(const L& v) {
-            const meeting& m = met[leaf++];
+            const leaf_meeting& m = met[leaf++];
             if (m.members == 0) return;
             start_all_lanes<typename L::value_type>(lanes, Verb::name, v.payload(),
                                                     describe_named_axes<L, Names...>(Verb::name), m.names, text, groups);
