@@ -1044,6 +1044,12 @@ TEST_SUITE("grad") {
     check_exact("all_gather_v under vmap: element 0", xt::view(vv, 0), expected(xt::view(counts_b, 0), 1));
     check_exact("all_gather_v under vmap: element 1", xt::view(vv, 1), expected(xt::view(counts_b, 1), 1));
     CHECK_BITWISE(vv, vp);
+
+    // A count computed from axis_index (3, 2, 1), which the pullback resolves as the gather did.
+    auto from_index = [&](const auto& xs) { return std::get<0>(grads(xs, 3 - namedax::axis_index("i"_ax))); };
+    const xt::xarray<double> vi = namedax::vmap<"i">(from_index)(x);
+    check_exact("all_gather_v of an axis_index count", vi, expected(xt::xarray<int>{3, 2, 1}, 1));
+    CHECK_BITWISE(vi, namedax::pmap<"i">(from_index)(x));
   }
 
   TEST_CASE("the asynchronous all_gather_v, pgather and pargmin under grad: the blocking forms' gradient, bit for bit") {
@@ -1326,6 +1332,28 @@ TEST_SUITE("grad") {
     CHECK(error_of([&] { (void)namedax::pmap<"i">(constant)(xs); }) == transposed);
   }
 
+  TEST_CASE("custom_vjp's cotangent and custom_jvp's tangent of another shape: a namedax::error, one text in every placement") {
+    const xt::xarray<double> x = xt::ones<double>({4, 3});
+    auto wrong_bwd = namedax::custom_vjp([](const auto& a) { return a * 2.0; },
+                                         [](const auto& a) { return std::pair{a * 2.0, 0}; },
+                                         [](int, const auto&) { return std::tuple{xt::xarray<double>{1, 2, 3, 4, 5}}; });
+    auto wrong_jvp = namedax::custom_jvp([](const auto& a) { return a * 2.0; }, [](const auto& primals, const auto& tangents) {
+      return std::pair{std::get<0>(primals) * 2.0, namedax::sum(std::get<0>(tangents))};
+    });
+    auto loss_of = [](auto f) {
+      return [f](const auto& row) { return namedax::grad([&](const auto& a) { return namedax::sum(f(a)); })(row); };
+    };
+    const std::string bwd_error = "namedax::custom_vjp: bwd's cotangent for argument 0 has positional shape (5,) but the "
+                                  "argument has positional shape (3,) (dim 0 has size 5, not 3); return a cotangent of "
+                                  "each argument's shape";
+    const std::string jvp_error = "namedax::custom_jvp: jvp's tangent has positional shape () but the result it stands "
+                                  "for has positional shape (3,) (rank 0, not 1); return a tangent of the result's shape";
+    CHECK(error_of([&] { (void)namedax::vmap<"i">(loss_of(wrong_bwd))(x); }) == bwd_error);
+    CHECK(error_of([&] { (void)namedax::pmap<"i">(loss_of(wrong_bwd))(x); }) == bwd_error);
+    CHECK(error_of([&] { (void)namedax::vmap<"i">(loss_of(wrong_jvp))(x); }) == jvp_error);
+    CHECK(error_of([&] { (void)namedax::pmap<"i">(loss_of(wrong_jvp))(x); }) == jvp_error);
+  }
+
   TEST_CASE("grad of a function that closes over a traced value of an enclosing grad: an error, not a constant") {
     const xt::xarray<double> x{0.5, 1.0};
     // d/dx sum(x * g(x)), g(x) the gradient of sum(u * x) in u: x, so the result is 2 x, which
@@ -1503,6 +1531,23 @@ TEST_SUITE("grad") {
       CHECK_BITWISE(p, dp);
       CHECK_BITWISE(v, dw);
     }
+
+    // An inner map that returns a pair (its leaves named in the outer map's environment, whose
+    // pytree once met the public tree_map as well): loss sum(2 p) + sum(3 p), gradient 5.
+    auto pair_through = [](auto inner) {
+      return [inner](const auto& block) {
+        return namedax::grad([&](const auto& p) {
+          auto [a, b] = inner([](const auto& row) { return std::pair{row * 2.0, row * 3.0}; })(p);
+          return namedax::sum(a) + namedax::sum(b);
+        })(block);
+      };
+    };
+    auto pair_vmap = pair_through([](auto f) { return namedax::vmap<"i">(f); });
+    auto pair_pmap = pair_through([](auto f) { return namedax::pmap<"i">(f); });
+    const xt::xarray<double> fives = xt::ones<double>(x.shape()) * 5.0;
+    for (const xt::xarray<double>& g : {namedax::vmap<"b">(pair_vmap)(x), namedax::vmap<"b">(pair_pmap)(x),
+                                        namedax::pmap<"b">(pair_vmap)(x), namedax::pmap<"b">(pair_pmap)(x)})
+      check_exact("an inner map returning a pair", g, fives);
   }
 
   TEST_CASE("grad outside a map of strided views, a transpose and a lazy expression; a map of size 0") {

@@ -718,7 +718,10 @@ struct vjp_fn {
   auto operator()(const Op& op, const X& x) const {
     auto [y, pullback] = detail::vjp_of(op, x);
     auto checked = [pullback = std::move(pullback), shape = *detail::positional_shape_of(y)](const auto& ct) {
-      if (const auto given = detail::positional_shape_of(ct)) detail::check_cotangent_shape("", *given, shape);
+      const auto given = detail::positional_shape_of(ct);
+      if (given && *given != shape)
+        detail::fail_derivative_shape("namedax::vjp: the cotangent", "the output it stands for",
+                                      "give the pullback a cotangent of the output's shape, as jax.vjp", *given, shape);
       return pullback(ct);
     };
     return std::pair{std::move(y), std::move(checked)};

@@ -212,7 +212,7 @@ template <class Verb, reduction K, bool Grouped, class X, class... Names, class 
 auto fused_reduction(const X& x, const std::optional<groups_t>& groups, Applies applies, Reduce reduce) {
   using first = child_t<X, 0>;
   using T = accumulate_t<K, typename first::value_type>;
-  using result = decltype(tree_map(x, [&](const auto& leaf) {
+  using result = decltype(detail::tree_map(x, [&](const auto& leaf) {
     return all_reduce_leaf<Verb, K, Grouped>(leaf, axis_list<0, Names...>{}, groups);
   }));
   constexpr std::size_t count = child_count<X>;
@@ -321,7 +321,7 @@ struct all_reduce_verb {
       if (auto fused = fused_among_threads<Verb, K, Grouped, X, Names...>(x, groups)) return std::move(*fused);
     }
     auto reduce = [&](const auto& leaf) { return all_reduce_leaf<Verb, K, Grouped>(leaf, list, groups); };
-    return tree_map(x, traced_to_rule<rule::all_reduce<K, Grouped>, Verb>(reduce, list, groups));
+    return detail::tree_map(x, traced_to_rule<rule::all_reduce<K, Grouped>, Verb>(reduce, list, groups));
   }
 };
 }  // namespace namedax::detail

@@ -842,13 +842,17 @@ class members_taken {
   auto run(Rule rule) {
     scoped_install scope(members_received(), &received_);
     auto out = rule();
-    if (!std::all_of(received_.entries.begin(), received_.entries.end(),
-                     [](const received_members::entry& e) { return e.members.empty(); }))
-      fail(async_what<Verb, Names...>(), ": internal error: the wait read fewer blocks than the start left");
+    if (!all_read()) fail(async_what<Verb, Names...>(), ": internal error: the wait read fewer blocks than the start left");
     return out;
   }
 
  private:
+  [[nodiscard]] bool all_read() const {
+    for (const received_members::entry& e : received_.entries)
+      if (!e.members.empty()) return false;
+    return true;
+  }
+
   std::vector<async_receipt>& receipts_;
   std::size_t lane_ = 0;
   received_members received_;
@@ -919,7 +923,7 @@ auto start_collective(const X& x, const A& axes, std::string_view options, const
   return [&]<std::size_t P, class... Names>(const axis_list<P, Names...>&) {
     std::string (*what)() = &async_what<Verb, Names...>;
     if constexpr (P == 0 && leaves_sent_as_they_are<X, Sums>()) {
-      using held_type = decltype(tree_map(x, [](const auto& leaf) { return namedax::eval(leaf); }));
+      using held_type = decltype(detail::tree_map(x, [](const auto& leaf) { return namedax::eval(leaf); }));
       if constexpr (std::is_same_v<decltype(run(std::declval<const held_type&>())), R>) {
         std::vector<leaf_meeting> met;
         bool on_threads = current_device() != nullptr && !members_received();
@@ -933,7 +937,7 @@ auto start_collective(const X& x, const A& axes, std::string_view options, const
         });
         if (on_threads && any_meets(met)) {
           const std::string text(options);  // option_text's buffer is reused by the calls below
-          held_type held = tree_map(x, [](const auto& leaf) { return namedax::eval(leaf); });
+          held_type held = detail::tree_map(x, [](const auto& leaf) { return namedax::eval(leaf); });
           std::vector<async_receipt> lanes;
           std::size_t leaf = 0;
           tree_for_each(held, [&]<class L>(const L& v) {
@@ -1035,7 +1039,7 @@ auto start_arg_extreme(const X& x, const A& axes, Blocking blocking) {
   return start_collective<Verb, false>(x, axes, "", std::nullopt, [axes, blocking](const auto& value) {
     if constexpr (leaves_sent_as_they_are<std::remove_cvref_t<decltype(value)>, false>()) {
       if (members_received())  // in a wait: the members' blocks are there, the devices are not
-        return tree_map(value, [&](const auto& leaf) {
+        return detail::tree_map(value, [&](const auto& leaf) {
           return arg_extreme_of_gathered<Extreme>(namedax::all_gather(leaf, axes));
         });
     }

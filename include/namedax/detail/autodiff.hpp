@@ -584,7 +584,7 @@ auto gradient_leaf(const L& x, const T& t) {
 /// The primal of every traced leaf of a result.
 template <class Y>
 auto primal_tree(const Y& y) {
-  return tree_map(y, [](const auto& leaf) {
+  return detail::tree_map(y, [](const auto& leaf) {
     if constexpr (Traced<decltype(leaf)>) return leaf.primal();
     else return leaf;
   });
@@ -708,7 +708,7 @@ template <bool HasAux, class F, class... Xs>
 auto trace_function(std::string_view verb, const F& f, const Xs&... xs) {
   const std::uint64_t first = node::upcoming_order();
   // make_tuple, not std::tuple{...}: one argument that is itself a tuple must stay one argument.
-  auto inputs = std::make_tuple(tree_map(xs, [](const auto& leaf) { return trace_leaf(leaf); })...);
+  auto inputs = std::make_tuple(detail::tree_map(xs, [](const auto& leaf) { return trace_leaf(leaf); })...);
   auto [out, aux] = split_aux<HasAux>(unpack(inputs, f));
   auto value = primal_tree(out);
   return std::tuple{std::move(value), pullback_of(verb, first, std::move(inputs), std::move(out), std::make_tuple(xs...)),
@@ -1144,8 +1144,20 @@ struct custom_vjp_function : own_derivative<custom_vjp_function<F, Fwd, Bwd>, F>
     } else {
       return record_result(
           std::get<0>(std::move(out)),
-          [bwd = bwd, residuals = std::get<1>(std::move(out))](const auto& ct, const auto&...) {
-            return cotangent_tuple<sizeof...(Xs)>(bwd(residuals, ct));
+          [bwd = bwd, residuals = std::get<1>(std::move(out))](const auto& ct, const auto&... operands) {
+            auto cotangents = cotangent_tuple<sizeof...(Xs)>(bwd(residuals, ct));
+            [&]<std::size_t... K>(std::index_sequence<K...>) {  // each differentiated argument's, before any use
+              (
+                  [&] {
+                    if constexpr (Traced<std::tuple_element_t<K, std::tuple<Xs...>>>)
+                      check_derivative_shapes(
+                          std::get<K>(std::forward_as_tuple(operands...)), std::get<K>(cotangents),
+                          [](const std::string&) { return message("namedax::custom_vjp: bwd's cotangent for argument ", K); },
+                          "the argument", "return a cotangent of each argument's shape");
+                  }(),
+                  ...);
+            }(std::index_sequence_for<Xs...>{});
+            return cotangents;
           },
           xs...);
     }
@@ -1169,6 +1181,10 @@ struct custom_jvp_function : own_derivative<custom_jvp_function<F, Jvp>, F> {
             static_assert(is_tuple_like<std::remove_cvref_t<decltype(out)>>,
                           "namedax::custom_jvp: jvp must return std::pair{result, tangent}, as jax's returns "
                           "(primal_out, tangent_out)");
+            check_derivative_shapes(
+                std::get<0>(out), std::get<1>(out),
+                [](const std::string& result) { return message("namedax::custom_jvp: jvp's tangent", result); },
+                "the result it stands for", "return a tangent of the result's shape");
             return std::get<1>(std::move(out));
           };
           auto zero = [](const auto& p) {  // the tangent at which the linear map is differentiated
@@ -1430,6 +1446,7 @@ auto gathered_v_rows(const C& count, const S& x, const A& axes, std::size_t tota
   using index = std::int64_t;
   const auto per_index = [&] {  // this index's count as a named value
     if constexpr (NamedValue<C>) return namedax::cast<index>(count);
+    else if constexpr (DeferredValue<C>) return namedax::eval(namedax::zeros_like(namedax::cast<index>(namedax::sum(x))) + count);
     else return namedax::full_like(namedax::cast<index>(namedax::sum(x)), count);
   }();
   const auto counts = namedax::eval(namedax::all_gather(per_index, axes));  // [n], in index order
@@ -1508,14 +1525,14 @@ struct derivative<rule::map, Verb> {
         },
         std::tuple_cat(entries, std::make_tuple(map.out_axes())), entries);  // make_tuple: a pair of specs stays one
     auto result = [&] {
-      if constexpr (is_node<decltype(y)>) return tree_map(y, as_named);
+      if constexpr (is_node<decltype(y)>) return detail::tree_map(y, as_named);
       else return as_named(std::move(y));  // one array: moved, not copied
     }();
     return unpack(leaves, [&](const auto&... leaf) {
       return ad::record_result(
           std::move(result),
           [backward](const auto& ct, const auto&... operands) {
-            if constexpr (plain) return backward(operands..., tree_map(ct, [](const auto& c) { return c.payload(); }));
+            if constexpr (plain) return backward(operands..., detail::tree_map(ct, [](const auto& c) { return c.payload(); }));
             else return backward(operands..., ct);
           },
           leaf...);
@@ -1526,7 +1543,7 @@ struct derivative<rule::map, Verb> {
   /// An argument with its traced leaves replaced by their primals: a leaf as it is (not copied).
   template <class X>
   static decltype(auto) primals(const X& x) {
-    if constexpr (is_node<X>) return tree_map(x, [](const auto& leaf) { return ad::owned_operand(leaf); });
+    if constexpr (is_node<X>) return detail::tree_map(x, [](const auto& leaf) { return ad::owned_operand(leaf); });
     else return ad::primal_of(x);
   }
 };

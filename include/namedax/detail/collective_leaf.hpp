@@ -182,7 +182,7 @@ auto misnamed_axis_result(const X& x, const A& axes) {
     using names = typename axis_argument_names<A>::type;
     (void)sizeof(typename decltype(first_unbound_axis<Verb>(names{}, leaf_types<X>()))::type);
   }
-  return tree_map(x, [](const auto& leaf) {
+  return detail::tree_map(x, [](const auto& leaf) {
     using L = std::remove_cvref_t<decltype(leaf)>;
     if constexpr (NamedValue<L>) return make_named<typename L::payload_type, typename L::env_type, 0>(leaf.payload());
     else return leaf;

@@ -80,7 +80,7 @@ auto gather_tree(const X& x, const A& axes, const all_gather_options& options) {
   auto names = names_only(to_axis_list(axes));
   const gather_rule<Verb> block_rule{groups_of(options.axis_index_groups), options.axis, options.tiled};
   auto gather = [&](const auto& leaf) { return collective_leaf<Verb, Invariant, false>(leaf, names, block_rule); };
-  return tree_map(x, traced_to_rule<rule::all_gather<Invariant>, Verb>(gather, axes, options));
+  return detail::tree_map(x, traced_to_rule<rule::all_gather<Invariant>, Verb>(gather, axes, options));
 }
 
 /// psum_scatter of every leaf.
@@ -89,7 +89,7 @@ auto psum_scatter_tree(const X& x, const A& axes, const psum_scatter_options& op
   auto names = names_only(to_axis_list(axes));
   const scatter_rule<Verb> block_rule{groups_of(options.axis_index_groups), options.scatter_dimension, options.tiled};
   auto scatter = [&](const auto& leaf) { return collective_leaf<Verb, false, true>(leaf, names, block_rule); };
-  return tree_map(x, traced_to_rule<rule::psum_scatter, Verb>(scatter, axes, options));
+  return detail::tree_map(x, traced_to_rule<rule::psum_scatter, Verb>(scatter, axes, options));
 }
 
 /// all_to_all of one named leaf as a view of its operand (all_to_all_view), which the result
@@ -141,7 +141,7 @@ auto all_to_all_tree(const X& x, const A& axes, int split_axis, int concat_axis,
         return std::move(*view);
     return collective_leaf<Verb, false, false>(leaf, names, block_rule);
   };
-  return tree_map(x, traced_to_rule<rule::all_to_all, Verb>(exchange, axes, split_axis, concat_axis,
+  return detail::tree_map(x, traced_to_rule<rule::all_to_all, Verb>(exchange, axes, split_axis, concat_axis,
                                                             axis_index_groups, tiled));
 }
 
@@ -235,7 +235,7 @@ auto permute_tree(const X& x, type_list<Names...> names, PairsOf pairs_of, Ownin
     else
       return permute_leaf<Verb>(leaf, names, pairs_of);
   };
-  return tree_map(x, traced_to_rule<rule::permute, Verb>(permute, names, pairs_of));
+  return detail::tree_map(x, traced_to_rule<rule::permute, Verb>(permute, names, pairs_of));
 }
 
 /// axis_index over `Names`: the row-major index over them of each position, as int32, once
@@ -289,7 +289,7 @@ struct pvary_verb {
   auto operator()(const X& x, const A& axes) const {
     auto names = names_only(to_axis_list(axes));
     auto vary = [&](const auto& leaf) { return pvary_leaf<Verb>(leaf, names); };
-    return tree_map(x, traced_to_rule<rule::pvary, Verb>(vary, axes));
+    return detail::tree_map(x, traced_to_rule<rule::pvary, Verb>(vary, axes));
   }
 };
 /// Whether namedax has a type for pcast's target: only `varying`. Named so that a failing
@@ -307,7 +307,7 @@ auto pbroadcast_tree(const X& x, const A& axes, int source) {
       return pbroadcast_rule(Verb::name, std::move(in), rank, ax, source);
     });
   };
-  return tree_map(x, traced_to_rule<rule::pbroadcast, Verb>(broadcast, axes, source));
+  return detail::tree_map(x, traced_to_rule<rule::pbroadcast, Verb>(broadcast, axes, source));
 }
 
 /// The (extreme value, lowest linear index attaining it) of one leaf, as JAX computes pargmax:
@@ -326,12 +326,12 @@ template <class Verb, reduction Extreme, bool WithValue>
 struct arg_extreme_verb {
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes) const {
-    return tree_map(x, [&](const auto& leaf) { return pick(extreme_and_index<Verb, Extreme>(leaf, axes)); });
+    return detail::tree_map(x, [&](const auto& leaf) { return pick(extreme_and_index<Verb, Extreme>(leaf, axes)); });
   }
   /// With groups, the index is the linear index (along the axes) of the extreme in the caller's group.
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes, const reduce_options& options) const {
-    return tree_map(x, [&](const auto& leaf) { return pick(extreme_and_index<Verb, Extreme>(leaf, axes, options)); });
+    return detail::tree_map(x, [&](const auto& leaf) { return pick(extreme_and_index<Verb, Extreme>(leaf, axes, options)); });
   }
 
  private:

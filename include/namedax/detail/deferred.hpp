@@ -131,7 +131,7 @@ auto to_deferred(type_list<Names...> names, const R& r) {
     else
       return deferred<T, R::varying, Names...>(share_array(evaluate<T>(r.payload())));
   } else if constexpr (is_node<R>) {
-    return tree_map(r, [names](const auto& leaf) { return to_deferred(names, leaf); });
+    return detail::tree_map(r, [names](const auto& leaf) { return to_deferred(names, leaf); });
   } else {
     return r;
   }

@@ -561,6 +561,10 @@ auto run_on_processes(const Call& call, const OutAxes& out_axes, process_grid& p
   });
 }
 
+/// The condition of run_map's static_assert: it prints as itself, not as the result's type.
+template <bool NotCaptured>
+inline constexpr bool map_result_is_not_captured_traced = NotCaptured;
+
 /// Runs a map. `OnProcesses`: a process map (namedax::mpi::pmap), which splits the process
 /// grid `processes` (null for vmap and pmap). `dest`: the caller's arrays for the results, or
 /// no_destination.
@@ -570,16 +574,27 @@ auto run_map(std::string_view verb, const F& f, const InAxes& in_axes, const Out
   // in_axes is a prefix of the argument list: one entry for all, or one per argument.
   auto entries = spread_prefix<std::tuple<Args...>>(in_axes);
   map_call<Binding, F, decltype(entries), Args...> call(verb, f, entries, axis_size, processes, args...);
-  if constexpr (!std::is_same_v<Dest, no_destination>) {
-    static_assert(map_call<Binding, F, decltype(entries), Args...>::outer_env::size == 0,
-                  "namedax: into writes a map's results into arrays at the top level, outside every map");
-    static_assert(leaf_count<Dest>() == leaf_count<decltype(call(0))>(),
-                  "namedax: into takes one output array per result leaf, in a pytree shaped as the result (std::tie "
-                  "of arrays for a tuple of results)");
+  // A traced result from arguments that are not: the function captured a value grad traces,
+  // which the map cannot see (C++ has no closure conversion); it must come as an argument.
+  constexpr bool captures_traced = has_traced_leaves<decltype(call(0))>();
+  static_assert(map_result_is_not_captured_traced<!captures_traced>,
+                "namedax::vmap, pmap and shard_map: the mapped function returned a value computed from a value that "
+                "grad traces and the function captured; pass that value to the map as an argument (in_axes "
+                "namedax::none, or a replicated spec, where it is not mapped), and grad differentiates through the map");
+  if constexpr (captures_traced) {
+    return call(0);  // a value of the type the caller expects: the assertion above stays the only error
+  } else {
+    if constexpr (!std::is_same_v<Dest, no_destination>) {
+      static_assert(map_call<Binding, F, decltype(entries), Args...>::outer_env::size == 0,
+                    "namedax: into writes a map's results into arrays at the top level, outside every map");
+      static_assert(leaf_count<Dest>() == leaf_count<decltype(call(0))>(),
+                    "namedax: into takes one output array per result leaf, in a pytree shaped as the result (std::tie "
+                    "of arrays for a tuple of results)");
+    }
+    if constexpr (Binding::place == placement::vectorized) return run_vectorized<Binding>(call, out_axes, dest);
+    else if constexpr (OnProcesses) return run_on_processes<Binding>(call, out_axes, *processes, dest);
+    else return run_on_devices<Binding>(call, out_axes, dest);
   }
-  if constexpr (Binding::place == placement::vectorized) return run_vectorized<Binding>(call, out_axes, dest);
-  else if constexpr (OnProcesses) return run_on_processes<Binding>(call, out_axes, *processes, dest);
-  else return run_on_devices<Binding>(call, out_axes, dest);
 }
 
 template <class Binding, bool OnProcesses = false, class F, class InAxes, class OutAxes, class... Args>

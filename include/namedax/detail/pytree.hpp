@@ -124,7 +124,7 @@ auto make_like(Parts&&... parts) {
 template <class X, class Leaf>
 auto tree_map(const X& x, Leaf&& leaf) {
   if constexpr (is_node<X>) {
-    return unpack(children(x), [&](const auto&... xs) { return make_like<X>(tree_map(xs, leaf)...); });
+    return unpack(children(x), [&](const auto&... xs) { return make_like<X>(detail::tree_map(xs, leaf)...); });
   } else {
     return leaf(x);
   }

@@ -285,7 +285,7 @@ auto nest_maps(const Mesh& m, Body body, const OutSpecs& out_specs) {
     const auto in_axes = [&]<std::size_t... K>(std::index_sequence<K...>) {
       return std::tuple{level_entry<MeshEnv, Level, std::tuple_element_t<K, Specs>>()...};
     }(std::make_index_sequence<std::tuple_size_v<Specs>>{});
-    const auto out_axes = tree_map(out_specs, [](const auto& spec) {
+    const auto out_axes = detail::tree_map(out_specs, [](const auto& spec) {
       return level_entry<MeshEnv, Level, std::remove_cvref_t<decltype(spec)>>();
     });
     return m.template axis_at<Level>().map(nest_maps<Level + 1, Specs>(m, std::move(body), out_specs), in_axes, out_axes);

@@ -35,27 +35,39 @@ std::optional<std::vector<std::size_t>> positional_shape_of(const X& x) {
   }
 }
 
-/// Throws unless a cotangent given to vjp's pullback has the positional shape of the output
-/// it stands for (JAX's rule; xtensor would broadcast a smaller one silently, or fail with its
-/// own text), before any operation on it; `result` names the output's leaf in a pytree
-/// (" of result 1"), or is empty.
-NAMEDAX_DECL void check_cotangent_shape(std::string_view result, const std::vector<std::size_t>& given,
-                                        const std::vector<std::size_t>& expected);
+/// The error for a cotangent or tangent (`what`: "namedax::vjp: the cotangent") whose positional
+/// shape `given` is not `expected`, that of the value it stands for (`of`: "the output it
+/// stands for"), before any operation on it (xtensor would broadcast a smaller one silently,
+/// or fail with its own text, different in each placement); `fix` says what to give.
+[[noreturn]] NAMEDAX_DECL void fail_derivative_shape(std::string_view what, std::string_view of, std::string_view fix,
+                                                     const std::vector<std::size_t>& given,
+                                                     const std::vector<std::size_t>& expected);
 
-/// Each cotangent leaf against the output leaf it stands for (see check_cotangent_shape).
-template <class Out, class C>
-void check_cotangent_shapes(const Out& out, const C& ct) {
-  const auto out_leaves = tree_leaves(out);
-  const auto ct_leaves = tree_leaves(ct);
+/// Each leaf of the derivative `d` (a cotangent or tangent) against the leaf of `value` it
+/// stands for, as fail_derivative_shape says; `what(k)` names leaf k of d, made on failure only.
+template <class Value, class D, class What>
+void check_derivative_shapes(const Value& value, const D& d, What what, std::string_view of, std::string_view fix) {
+  const auto value_leaves = tree_leaves(value);
+  const auto d_leaves = tree_leaves(d);
   [&]<std::size_t... K>(std::index_sequence<K...>) {
     (
         [&] {
-          const auto expected = positional_shape_of(std::get<K>(out_leaves));
-          const auto given = positional_shape_of(std::get<K>(ct_leaves));
-          if (expected && given) check_cotangent_shape(is_node<Out> ? message(" of result ", K) : "", *given, *expected);
+          const auto expected = positional_shape_of(std::get<K>(value_leaves));
+          const auto given = positional_shape_of(std::get<K>(d_leaves));
+          if (expected && given && *given != *expected)
+            fail_derivative_shape(what(is_node<Value> ? message(" of result ", K) : std::string()), of, fix, *given,
+                                  *expected);
         }(),
         ...);
-  }(std::make_index_sequence<leaf_count<Out>()>{});
+  }(std::make_index_sequence<leaf_count<Value>()>{});
+}
+
+/// A cotangent given to vjp's pullback against the output it stands for (JAX's rule).
+template <class Out, class C>
+void check_cotangent_shapes(const Out& out, const C& ct) {
+  check_derivative_shapes(
+      out, ct, [](const std::string& result) { return message("namedax::vjp: the cotangent", result); },
+      "the output it stands for", "give the pullback a cotangent of the output's shape, as jax.vjp");
 }
 
 
@@ -326,9 +338,8 @@ NAMEDAX_DECL std::vector<std::size_t> canonical_dims(std::string_view verb, cons
   return out;
 }
 
-NAMEDAX_DECL void check_cotangent_shape(std::string_view result, const std::vector<std::size_t>& given,
-                                        const std::vector<std::size_t>& expected) {
-  if (given == expected) return;
+NAMEDAX_DECL void fail_derivative_shape(std::string_view what, std::string_view of, std::string_view fix,
+                                        const std::vector<std::size_t>& given, const std::vector<std::size_t>& expected) {
   std::string differs;
   if (given.size() != expected.size()) {
     differs = message("rank ", given.size(), ", not ", expected.size());
@@ -337,9 +348,7 @@ NAMEDAX_DECL void check_cotangent_shape(std::string_view result, const std::vect
     while (given[d] == expected[d]) ++d;
     differs = message("dim ", d, " has size ", given[d], ", not ", expected[d]);
   }
-  fail("namedax::vjp: the cotangent", result, " has positional shape ", given,
-       " but the output it stands for has positional shape ", expected, " (", differs,
-       "); give the pullback a cotangent of the output's shape, as jax.vjp");
+  fail(what, " has positional shape ", given, " but ", of, " has positional shape ", expected, " (", differs, "); ", fix);
 }
 NAMEDAX_DECL dot_transpose_plan plan_dot_transpose(std::string_view verb, std::size_t u_rank, std::size_t v_rank,
                                                    const dimension_pairs& contract, const dimension_pairs& batch,
