@@ -842,7 +842,8 @@ class members_taken {
   auto run(Rule rule) {
     scoped_install scope(members_received(), &received_);
     auto out = rule();
-    if (!all_read()) fail(async_what<Verb, Names...>(), ": internal error: the wait read fewer blocks than the start left");
+    if (!all_read())
+      fail(async_what<Verb, Names...>(), ": internal error: the wait read fewer blocks than the start left");
     return out;
   }
 

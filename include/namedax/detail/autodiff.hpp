@@ -1149,11 +1149,13 @@ struct custom_vjp_function : own_derivative<custom_vjp_function<F, Fwd, Bwd>, F>
             [&]<std::size_t... K>(std::index_sequence<K...>) {  // each differentiated argument's, before any use
               (
                   [&] {
-                    if constexpr (Traced<std::tuple_element_t<K, std::tuple<Xs...>>>)
-                      check_derivative_shapes(
-                          std::get<K>(std::forward_as_tuple(operands...)), std::get<K>(cotangents),
-                          [](const std::string&) { return message("namedax::custom_vjp: bwd's cotangent for argument ", K); },
-                          "the argument", "return a cotangent of each argument's shape");
+                    if constexpr (Traced<std::tuple_element_t<K, std::tuple<Xs...>>>) {
+                      auto what = [](const std::string&) {
+                        return message("namedax::custom_vjp: bwd's cotangent for argument ", K);
+                      };
+                      check_derivative_shapes(std::get<K>(std::forward_as_tuple(operands...)), std::get<K>(cotangents),
+                                              what, "the argument", "return a cotangent of each argument's shape");
+                    }
                   }(),
                   ...);
             }(std::index_sequence_for<Xs...>{});
@@ -1445,9 +1447,13 @@ template <class C, class S, class A>
 auto gathered_v_rows(const C& count, const S& x, const A& axes, std::size_t total) {
   using index = std::int64_t;
   const auto per_index = [&] {  // this index's count as a named value
-    if constexpr (NamedValue<C>) return namedax::cast<index>(count);
-    else if constexpr (DeferredValue<C>) return namedax::eval(namedax::zeros_like(namedax::cast<index>(namedax::sum(x))) + count);
-    else return namedax::full_like(namedax::cast<index>(namedax::sum(x)), count);
+    if constexpr (NamedValue<C>) {
+      return namedax::cast<index>(count);
+    } else {
+      const auto zero = namedax::cast<index>(namedax::sum(x));  // a scalar with x's names
+      if constexpr (DeferredValue<C>) return namedax::eval(namedax::zeros_like(zero) + count);  // axis_index's, resolved
+      else return namedax::full_like(zero, count);
+    }
   }();
   const auto counts = namedax::eval(namedax::all_gather(per_index, axes));  // [n], in index order
   const auto ends = namedax::eval(namedax::cumsum(counts, 0));
@@ -1532,7 +1538,8 @@ struct derivative<rule::map, Verb> {
       return ad::record_result(
           std::move(result),
           [backward](const auto& ct, const auto&... operands) {
-            if constexpr (plain) return backward(operands..., detail::tree_map(ct, [](const auto& c) { return c.payload(); }));
+            auto payloads = [](const auto& c) { return c.payload(); };
+            if constexpr (plain) return backward(operands..., detail::tree_map(ct, payloads));
             else return backward(operands..., ct);
           },
           leaf...);

@@ -142,7 +142,7 @@ auto all_to_all_tree(const X& x, const A& axes, int split_axis, int concat_axis,
     return collective_leaf<Verb, false, false>(leaf, names, block_rule);
   };
   return detail::tree_map(x, traced_to_rule<rule::all_to_all, Verb>(exchange, axes, split_axis, concat_axis,
-                                                            axis_index_groups, tiled));
+                                                                    axis_index_groups, tiled));
 }
 
 // Named so that a failing static_assert prints the permutation.
@@ -331,7 +331,8 @@ struct arg_extreme_verb {
   /// With groups, the index is the linear index (along the axes) of the extreme in the caller's group.
   template <class X, AxisArgument A>
   auto operator()(const X& x, const A& axes, const reduce_options& options) const {
-    return detail::tree_map(x, [&](const auto& leaf) { return pick(extreme_and_index<Verb, Extreme>(leaf, axes, options)); });
+    return detail::tree_map(x,
+                            [&](const auto& leaf) { return pick(extreme_and_index<Verb, Extreme>(leaf, axes, options)); });
   }
 
  private:

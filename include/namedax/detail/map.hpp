@@ -719,8 +719,8 @@ NAMEDAX_DECL map_extent check_map_arguments(std::string_view verb, std::string_v
     fail("namedax::", verb, "<\"", name, "\">: cannot map over zero devices");
   return extent;
 }
-[[noreturn]] NAMEDAX_DECL void fail_axis_range(std::string_view verb, std::string_view name, std::string_view what, int axis,
-                                               std::size_t count) {
+[[noreturn]] NAMEDAX_DECL void fail_axis_range(std::string_view verb, std::string_view name, std::string_view what,
+                                               int axis, std::size_t count) {
   const int n = static_cast<int>(count);
   // Only an in_axes entry can meet no positions: an out_axes entry has the rank + 1.
   if (n == 0) fail("namedax::", verb, "<\"", name, "\">: ", what, " is ", axis,
