@@ -256,6 +256,21 @@ TEST_SUITE("maps") {
     xt::xarray<float> y;
     namedax::pmap<"i">([](auto v) { return v * 2.f; }).into(y)(x);
     CHECK_BITWISE(y, xt::xarray<float>(x * 2.f));
+
+    // An in-place step, the output also the argument: each index's row reversed, as a fresh map gives
+    // it (the vectorized map once read the rows it had already written).
+    auto reversed = [](auto v) { return namedax::flip(v, 0); };
+    const xt::xarray<float> expected = namedax::vmap<"i">(reversed)(x);
+    xt::xarray<float> a = x, b = x;
+    namedax::vmap<"i">(reversed).into(a)(a);
+    namedax::pmap<"i">(reversed).into(b)(b);
+    CHECK_BITWISE(a, expected);
+    CHECK_BITWISE(b, expected);
+    // A pair written over the argument and another array, the argument a member of a tuple.
+    xt::xarray<float> c = x, d;
+    auto with_sum = [](const auto& args) { return std::pair{namedax::flip(std::get<0>(args), 0), namedax::sum(std::get<0>(args))}; };
+    namedax::vmap<"i">(with_sum).into(std::tie(c, d))(std::tuple{c});
+    CHECK_BITWISE(c, expected);
   }
 
   TEST_CASE("into: an array of another fixed rank or fixed shape than the result is an error naming both, not a resize") {

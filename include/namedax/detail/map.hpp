@@ -15,7 +15,10 @@
 
 #include <xtensor/xshape.hpp>
 
+#include <cstddef>
+#include <cstdint>
 #include <optional>
+#include <span>
 #include <tuple>
 
 namespace namedax {
@@ -618,6 +621,31 @@ auto run_or_record(const Map& map, const Run& run, const Args&... args) {
   }
 }
 
+/// The memory of a leaf held by reference (hold: a container), as bytes; empty for any other.
+template <class L>
+std::span<const std::byte> memory_of(const L& leaf) {
+  if constexpr (!std::is_arithmetic_v<L> && std::is_base_of_v<xt::xcontainer<L>, L>)
+    return std::as_bytes(std::span(leaf.data(), leaf.size()));
+  else return {};
+}
+NAMEDAX_DECL bool memory_overlaps(std::span<const std::byte> a, std::span<const std::byte> b);
+
+/// Whether an array of `outputs` shares memory with a container among the arguments' leaves.
+template <class Outputs, class... Args>
+bool outputs_overlap_arguments(const Outputs& outputs, const Args&... args) {
+  bool overlap = false;
+  tree_for_each(outputs, [&](const auto& out) {
+    const auto written = memory_of(out);
+    (tree_for_each(args, [&](const auto& arg) { overlap = overlap || memory_overlaps(written, memory_of(arg)); }), ...);
+  });
+  return overlap;
+}
+/// A copy of an argument: its containers' elements in memory of their own.
+template <class X>
+X copy_tree(const X& x) {
+  return x;
+}
+
 /// A map (vmap or pmap) as an object: called, it returns its results in fresh arrays;
 /// `into(outputs)` gives the same map writing them into the caller's arrays.
 template <class Binding, class F, class InAxes, class OutAxes>
@@ -648,7 +676,12 @@ class mapped_function {
   template <class Outputs>
   auto into(Outputs&& outputs) const {
     return [this, &outputs](const auto&... args) -> Outputs& {
-      (void)run_map<Binding>(verb_, f_, in_axes_, out_axes_, axis_size_, nullptr, outputs, args...);
+      // An output that is also an argument (an in-place step x = f(x)) would be written while
+      // the results are still read from it: the arguments are copied first.
+      if (outputs_overlap_arguments(outputs, args...))
+        (void)run_map<Binding>(verb_, f_, in_axes_, out_axes_, axis_size_, nullptr, outputs, copy_tree(args)...);
+      else
+        (void)run_map<Binding>(verb_, f_, in_axes_, out_axes_, axis_size_, nullptr, outputs, args...);
       return outputs;
     };
   }
@@ -662,6 +695,12 @@ class mapped_function {
 };
 
 #if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+
+NAMEDAX_DECL bool memory_overlaps(std::span<const std::byte> a, std::span<const std::byte> b) {
+  if (a.empty() || b.empty()) return false;
+  const auto begin = [](std::span<const std::byte> s) { return reinterpret_cast<std::uintptr_t>(s.data()); };
+  return begin(a) < begin(b) + b.size() && begin(b) < begin(a) + a.size();
+}
 
 NAMEDAX_DECL std::string argument_name(std::span<const std::size_t> leaf_counts, std::size_t leaf) {
   for (std::size_t k = 0; k < leaf_counts.size(); leaf -= leaf_counts[k], ++k)

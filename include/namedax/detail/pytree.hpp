@@ -107,15 +107,18 @@ struct rebind_struct<S<T>, Parts...> {
 /// A node shaped as `X` (std::array, std::pair, std::tuple or Hana struct) of `parts`.
 template <class X, class... Parts>
 auto make_like(Parts&&... parts) {
+  // The types spelled, not deduced: std::tuple{t} of one tuple t (or std::array{a}) would be
+  // a copy of t, not a node holding it.
   if constexpr (is_std_array<X>) {
-    return std::array{std::forward<Parts>(parts)...};
+    using T = std::common_type_t<std::remove_cvref_t<Parts>...>;
+    return std::array<T, sizeof...(Parts)>{std::forward<Parts>(parts)...};
   } else if constexpr (is_std_pair<X>) {
     return std::pair{std::forward<Parts>(parts)...};
   } else if constexpr (HanaStruct<X>) {
     if constexpr (requires { X{std::forward<Parts>(parts)...}; }) return X{std::forward<Parts>(parts)...};
     else return typename rebind_struct<X, std::remove_cvref_t<Parts>...>::type{std::forward<Parts>(parts)...};
   } else {
-    return std::tuple{std::forward<Parts>(parts)...};
+    return std::tuple<std::remove_cvref_t<Parts>...>{std::forward<Parts>(parts)...};
   }
 }
 
