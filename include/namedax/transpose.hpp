@@ -720,8 +720,8 @@ struct vjp_fn {
     auto checked = [pullback = std::move(pullback), shape = *detail::positional_shape_of(y)](const auto& ct) {
       const auto given = detail::positional_shape_of(ct);
       if (given && *given != shape)
-        detail::fail_derivative_shape("namedax::vjp: the cotangent", "the output it stands for",
-                                      "give the pullback a cotangent of the output's shape, as jax.vjp", *given, shape);
+        detail::fail_derivative_shape("namedax::vjp: the cotangent", detail::cotangent_stands_for, detail::cotangent_fix,
+                                      *given, shape);
       return pullback(ct);
     };
     return std::pair{std::move(y), std::move(checked)};

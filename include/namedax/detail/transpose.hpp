@@ -62,12 +62,16 @@ void check_derivative_shapes(const Value& value, const D& d, What what, std::str
   }(std::make_index_sequence<leaf_count<Value>()>{});
 }
 
-/// A cotangent given to vjp's pullback against the output it stands for (JAX's rule).
+/// vjp's words for a cotangent of another shape than the output it stands for (JAX's rule).
+inline constexpr std::string_view cotangent_stands_for = "the output it stands for";
+inline constexpr std::string_view cotangent_fix = "give the pullback a cotangent of the output's shape, as jax.vjp";
+
+/// A cotangent given to vjp's pullback against the output it stands for.
 template <class Out, class C>
 void check_cotangent_shapes(const Out& out, const C& ct) {
   check_derivative_shapes(
       out, ct, [](const std::string& result) { return message("namedax::vjp: the cotangent", result); },
-      "the output it stands for", "give the pullback a cotangent of the output's shape, as jax.vjp");
+      cotangent_stands_for, cotangent_fix);
 }
 
 
