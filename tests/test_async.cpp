@@ -452,6 +452,44 @@ TEST_SUITE("async") {
     }
   }
 
+  TEST_CASE("a mismatch of asynchronous calls is final for the map: caught on every device, later exchanges report it") {
+    xt::xarray<float> xs = xt::arange<float>(4);
+    // Device 2 receives nothing in its call, but device 1 sends to it in the others' ring; devices
+    // 0 and 3 take no part in the mismatch. Every device catches what its first exchange throws,
+    // then starts a correct one.
+    std::array<std::string, 4> later;
+    auto f = [&later](auto x) {
+      const int d = device_index(4);
+      if (d == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // device 2 passes its slot on first
+      try {
+        auto h = d == 2 ? namedax::async::ppermute(x, "i"_ax, {{0, 1}, {1, 0}}) : namedax::async::ppermute(x, "i"_ax, ring(4));
+        (void)h.wait();
+      } catch (const namedax::collective_error&) {
+      }
+      try {
+        return namedax::eval(namedax::async::ppermute(x, "i"_ax, ring(4)).wait());
+      } catch (const namedax::collective_error& e) {
+        later[static_cast<std::size_t>(d)] = e.what();
+        throw;
+      }
+    };
+    const std::string e = namedax_test::error_of([&] { namedax::pmap<"i">(f)(xs); });
+    INFO(e);
+    CHECK(contains(e, "namedax::async::ppermute over ('i',)"));
+    CHECK(contains(e, "receives nothing"));
+    CHECK(!contains(e, "timed out"));
+    CHECK(!contains(e, "cannot complete"));
+    // A later exchange that fails is aborted with the mismatch as its reason; it is never reported
+    // as a mismatch of its own, and never waits for the deadlock report.
+    for (std::size_t d = 0; d < 4; ++d) {
+      INFO("device ", d, ": ", later[d]);
+      if (later[d].empty()) continue;
+      CHECK(contains(later[d], "was aborted"));
+      CHECK(contains(later[d], "receives nothing"));
+      CHECK(!contains(later[d], "cannot complete"));
+    }
+  }
+
   TEST_CASE("bad pairs are an error from the calling thread, before anything is sent") {
     xt::xarray<float> xs = xt::arange<float>(8).reshape({4, 2});
     auto f = [](auto x) { return namedax::async::ppermute(x, "i"_ax, {{0, 1}, {1, 1}}).wait(); };

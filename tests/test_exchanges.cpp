@@ -636,4 +636,30 @@ TEST_SUITE("collective matmuls") {
       CHECK(text == "namedax::matmul_reduce_scatter: the left operand has positional shape (6, 3) and the right operand "
                     "(3,); give a right operand of 3 rows, a matrix");
   }
+
+  TEST_CASE("collective matmuls called differently by the devices: the error names the function called, not only its step") {
+    std::mt19937 rng(6);
+    const auto x = uniform(rng, {4, 8, 3});
+    const auto w = uniform(rng, {4, 3, 2});
+    // Device 2 gathers twice the rows: the all_gather inside all_gather_matmul meets other shapes.
+    auto gather_rows = [](auto x, auto w) {
+      if (namedax::axis_index("i"_ax) == 2) return namedax::eval(namedax::all_gather_matmul(namedax::concat(std::tuple{x, x}, 0), w, "i"_ax));
+      return namedax::eval(namedax::all_gather_matmul(x, w, "i"_ax));
+    };
+    const std::string gathered = error_of([&] { namedax::pmap<"i">(gather_rows)(x, w); });
+    INFO(gathered);
+    CHECK(gathered.find("different collective calls") != std::string::npos);
+    CHECK(gathered.find("payload shape (16, 3)") != std::string::npos);
+    CHECK(gathered.find("in namedax::all_gather_matmul") != std::string::npos);
+    // Device 2 multiplies by a wider right operand: the ring's blocks meet other shapes.
+    auto wider = [](auto x, auto w) {
+      if (namedax::axis_index("i"_ax) == 2)
+        return namedax::eval(namedax::matmul_reduce_scatter(x, namedax::concat(std::tuple{w, w}, 1), "i"_ax));
+      return namedax::eval(namedax::matmul_reduce_scatter(x, w, "i"_ax));
+    };
+    const std::string scattered = error_of([&] { namedax::pmap<"i">(wider)(x, w); });
+    INFO(scattered);
+    CHECK(scattered.find("different asynchronous calls") != std::string::npos);
+    CHECK(scattered.find("in namedax::matmul_reduce_scatter") != std::string::npos);
+  }
 }

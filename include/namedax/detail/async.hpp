@@ -217,6 +217,15 @@ std::uint32_t wait_for_peer(world& w, async_slot& slot, Done done, std::string_v
 /// Poisons the world with `why` and makes it the error pmap reports, unless a device's own
 /// error came first (call without the world's lock).
 NAMEDAX_DECL void report_in_world(world& w, const std::string& path, const std::string& why);
+/// Device `path` found that the devices started different asynchronous calls: `why` is final for
+/// the map. The exchanges are point to point, so the devices outside the pair that met the
+/// mismatch cannot learn of it, and the calls of the two may no longer pair up with the others'
+/// (one of them started none, or took a slot of another call): the world is poisoned with `why`,
+/// which pmap reports, and `why` is thrown.
+[[noreturn]] NAMEDAX_DECL void fail_async_mismatch(world& w, const std::string& path, std::string why);
+/// Throws the collective_abort of a start of `what` on device `path` when the world is poisoned:
+/// a device failed, or devices started different asynchronous calls, earlier in the map.
+NAMEDAX_DECL void start_unless_poisoned(world& w, std::string_view what, const std::string& path);
 
 /// This device's side of one asynchronous exchange it started: where its incoming block
 /// arrives (or that none does), until it takes the block or gives up on it. Move-only; a
@@ -265,10 +274,10 @@ class async_receipt {
     if (slot.fingerprint != fingerprint_) {
       const std::string theirs = slot.signature;
       slot.pass_on(sequence_);
-      throw collective_error(message(what(), ": devices made different asynchronous calls at the same point: device ",
-                                     peer, " sent a block from ", theirs, ", device ", device_->path, " called ",
-                                     my_call(), "; every device must start the same asynchronous collectives in the "
-                                     "same order"));
+      fail_async_mismatch(*world_, device_->path,
+                          message(what(), ": devices made different asynchronous calls at the same point: device ", peer,
+                                  " sent a block from ", theirs, ", device ", device_->path, " called ", my_call(),
+                                  "; every device must start the same asynchronous collectives in the same order"));
     }
     auto out = slot.block.take<T>();
     slot.pass_on(sequence_);
@@ -320,14 +329,16 @@ void post_block(world& w, async_mailbox& box, std::size_t receiver, std::uint32_
                                     box.paths[receiver]);
   for (;;) {
     if (async_slot::passed(now, sequence))
-      throw collective_error(message(call.what, ": device ", box.paths[rank], " sends to device ", box.paths[receiver],
-                                     ", which receives nothing in that call (", call.signature, "); every device must "
-                                     "start the same asynchronous collectives with the same pairs"));
+      fail_async_mismatch(w, box.paths[rank],
+                          message(call.what, ": device ", box.paths[rank], " sends to device ", box.paths[receiver],
+                                  ", which receives nothing in that call (", call.signature, "); every device must "
+                                  "start the same asynchronous collectives with the same pairs"));
     if (async_slot::phase_of(now) == async_slot::abandoned) return slot.pass_on(sequence);  // nobody wants it
     if (async_slot::phase_of(now) != async_slot::free)  // posted, or being written, by another sender
-      throw collective_error(message(call.what, ": device ", box.paths[rank], " and another device both send to device ",
-                                     box.paths[receiver], " in the same asynchronous call; every device must start "
-                                     "the same asynchronous collectives with the same pairs"));
+      fail_async_mismatch(w, box.paths[rank],
+                          message(call.what, ": device ", box.paths[rank], " and another device both send to device ",
+                                  box.paths[receiver], " in the same asynchronous call; every device must start the "
+                                  "same asynchronous collectives with the same pairs"));
     // The slot is this sender's once it marks it: the receiver then waits for the post
     // instead of giving up on the block or passing the slot on while the fields are written.
     if (!slot.state.compare_exchange_strong(now, async_slot::pack(sequence, async_slot::writing),
@@ -365,6 +376,7 @@ struct async_start {
       : box(mailbox), rank(m.rank), sequence(mailbox.members[m.rank].started),
         call(call_of<T>(verb, axes, options, groups, dims_t(mine.shape().begin(), mine.shape().end()))),
         me(current_device()), w(find_frame(names.front())->shared) {
+    start_unless_poisoned(*w, call.what, me->path);
     auto& self = box.members[rank];
     if (self.in_flight[sequence % async_depth])
       fail(call.what, ": device ", me->path, " starts an exchange while the one it started ", async_depth,
@@ -1091,6 +1103,18 @@ NAMEDAX_DECL void report_in_world(world& w, const std::string& path, const std::
   w.poison(why);
 }
 
+NAMEDAX_DECL void fail_async_mismatch(world& w, const std::string& path, std::string why) {
+  if (!enclosing_function().empty()) why += message(" (in namedax::", enclosing_function(), " on device ", path, ")");
+  report_in_world(w, path, why);
+  throw collective_error(why);
+}
+
+NAMEDAX_DECL void start_unless_poisoned(world& w, std::string_view what, const std::string& path) {
+  if (!w.poisoned.load()) return;
+  std::lock_guard guard(w.lock);
+  throw collective_abort(message(what, " on device ", path, " was aborted: ", w.reason));
+}
+
 NAMEDAX_DECL void async_slot::pass_on(std::uint32_t sequence) {
   block.reset();
   state.store(pack(sequence + async_depth, free), std::memory_order_seq_cst);
@@ -1183,9 +1207,10 @@ NAMEDAX_DECL void async_receipt::pass_over_nothing(async_slot& slot) {
   }
   const std::string theirs = slot.signature, from = box_->paths[slot.source];
   slot.pass_on(sequence_);
-  throw collective_error(message(what(), ": device ", from, " sent device ", device_->path, " a block from ", theirs,
-                                 " in a call in which device ", device_->path, " receives nothing (", my_call(),
-                                 "); every device must start the same asynchronous collectives with the same pairs"));
+  fail_async_mismatch(*world_, device_->path,
+                      message(what(), ": device ", from, " sent device ", device_->path, " a block from ", theirs,
+                              " in a call in which device ", device_->path, " receives nothing (", my_call(),
+                              "); every device must start the same asynchronous collectives with the same pairs"));
 }
 
 // Which dropped-handle error this thread threw last: a weak reference to the report line the

@@ -118,6 +118,7 @@ std::optional<R> all_gather_matmul_on_threads(const X& own, const W& w, const A&
 template <class Verb, class X, class W, class A>
 auto all_gather_matmul_ring(const X& x, const W& w, const A& axis, bool both_ways) {
   require_matrices<Verb>(x, w);
+  const enclosing_function_scope within(Verb::name);
   const int n = namedax::axis_size(axis);
   const auto me = namedax::axis_index(axis);
   const int rows = static_cast<int>(x.shape()[0]);
@@ -162,6 +163,7 @@ auto product_for(const X& x, const W& w, const Owner& owner, int rows) {
 template <class Verb, class X, class W, class A>
 auto matmul_reduce_scatter_ring(const X& x, const W& w, const A& axis, bool both_ways) {
   require_matrices<Verb>(x, w);
+  const enclosing_function_scope within(Verb::name);
   const int n = namedax::axis_size(axis);
   const int rows = rows_per_index<Verb, A>(x, n);
   const auto me = namedax::axis_index(axis);

@@ -270,6 +270,26 @@ inline std::shared_ptr<device_record>& current_device() {
   return record;
 }
 
+/// The public function whose steps this thread runs now ("all_gather_matmul"; empty outside
+/// one), for error reports: a collective matmul is made of public collectives, and a call that
+/// differs among the devices is reported with the function the program called.
+inline std::string_view& enclosing_function() {
+  thread_local std::string_view name;
+  return name;
+}
+
+/// Names `name` the enclosing function for the lifetime of the scope.
+class enclosing_function_scope {
+ public:
+  explicit enclosing_function_scope(std::string_view name) : saved_(std::exchange(enclosing_function(), name)) {}
+  enclosing_function_scope(const enclosing_function_scope&) = delete;
+  enclosing_function_scope& operator=(const enclosing_function_scope&) = delete;
+  ~enclosing_function_scope() { enclosing_function() = saved_; }
+
+ private:
+  std::string_view saved_;
+};
+
 inline const frame* find_frame(std::string_view name) {
   auto& stack = frames();
   for (auto it = stack.rbegin(); it != stack.rend(); ++it)
@@ -317,6 +337,7 @@ NAMEDAX_DECL void device_record::enter(std::string_view signature) {
   std::string& slot = recent[entered % recent.size()];
   if (slot.capacity() < text_capacity) slot.reserve(text_capacity);  // once: later calls reuse it
   slot = signature;
+  if (!enclosing_function().empty()) slot.append(" in namedax::").append(enclosing_function());
   ++entered;
 }
 
