@@ -640,10 +640,22 @@ bool outputs_overlap_arguments(const Outputs& outputs, const Args&... args) {
   });
   return overlap;
 }
-/// A copy of an argument: its containers' elements in memory of their own.
+/// Whether copying a leaf of type L leaves it in the caller's memory: an adaptor (xt::adapt).
+template <class L>
+inline constexpr bool is_memory_adaptor = false;
+template <class EC, xt::layout_type L, class SC, class Tag>
+inline constexpr bool is_memory_adaptor<xt::xarray_adaptor<EC, L, SC, Tag>> = true;
+template <class EC, std::size_t N, xt::layout_type L, class Tag>
+inline constexpr bool is_memory_adaptor<xt::xtensor_adaptor<EC, N, L, Tag>> = true;
+
+/// A copy of an argument whose containers own their elements: an adaptor's become an array's,
+/// and a node of references (std::tie) a node of values.
 template <class X>
-X copy_tree(const X& x) {
-  return x;
+auto copy_tree(const X& x) {
+  return detail::tree_map(x, []<class L>(const L& leaf) {
+    if constexpr (is_memory_adaptor<L>) return xt::xarray<typename L::value_type>(leaf);
+    else return L(leaf);
+  });
 }
 
 /// A map (vmap or pmap) as an object: called, it returns its results in fresh arrays;
