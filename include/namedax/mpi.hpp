@@ -768,7 +768,7 @@ class grid final : public process_grid {
     mesh_->failed = true;
     const std::string found = disagreement(signature);
     write_flight_record(*mesh_, path(), found);
-    throw collective_error(message(what, " on process ", path(), ": ", found));
+    throw collective_error(message(what, " on process ", path(), ": ", found, detail::enclosing_function_note()));
   }
 
   /// Keeps the call in the flight record.

@@ -771,6 +771,17 @@ TEST_SUITE("errors") {
     };
     CHECK(collective_error_of([&] { namedax::mpi::pmap<"i">(g)(x); }).find("different calls") != std::string::npos);
     check_like_vmap([](auto x) { return namedax::psum(x, "i"_ax); }, 0, x);
+    // A collective matmul whose ring meets other shapes on process 1: named as the function called.
+    const xt::xarray<float> rows = xt::ones<float>({processes, 2 * processes, std::size_t{3}});
+    const xt::xarray<float> right = xt::ones<float>({processes, std::size_t{3}, std::size_t{2}});
+    auto wider = [](auto x, auto w) {
+      if (namedax::axis_index("i"_ax) == 1)
+        return namedax::eval(namedax::matmul_reduce_scatter(x, namedax::concat(std::tuple{w, w}, 1), "i"_ax));
+      return namedax::eval(namedax::matmul_reduce_scatter(x, w, "i"_ax));
+    };
+    const std::string ring = collective_error_of([&] { namedax::mpi::pmap<"i">(wider)(rows, right); });
+    CHECK_MESSAGE(ring.find("different calls") != std::string::npos, ring);
+    CHECK_MESSAGE(ring.find("(in namedax::matmul_reduce_scatter)") != std::string::npos, ring);
   }
 }
 

@@ -807,7 +807,7 @@ std::optional<xt::svector<std::string_view, 8>> met_among_threads() {
   for (const auto& ax : describe_named_axes<L, Names...>(Verb::name)) {
     if (ax.place != placement::devices || !ax.varies) continue;
     const frame* f = find_frame(ax.name);
-    if (!f->shared || f->processes) return std::nullopt;
+    if (!f->on_threads()) return std::nullopt;
     names.push_back(ax.name);
   }
   return names;
@@ -1104,7 +1104,7 @@ NAMEDAX_DECL void report_in_world(world& w, const std::string& path, const std::
 }
 
 NAMEDAX_DECL void fail_async_mismatch(world& w, const std::string& path, std::string why) {
-  if (!enclosing_function().empty()) why += message(" (in namedax::", enclosing_function(), " on device ", path, ")");
+  why += enclosing_function_note();
   report_in_world(w, path, why);
   throw collective_error(why);
 }

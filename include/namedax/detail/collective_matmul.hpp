@@ -88,7 +88,7 @@ std::optional<R> all_gather_matmul_on_threads(const X& own, const W& w, const A&
     return std::nullopt;
   } else {
     const frame* f = find_frame(A::name);
-    if (!current_device() || !f || !f->shared || f->processes) return std::nullopt;
+    if (!current_device() || !f || !f->on_threads()) return std::nullopt;
     xt::xarray<T> x_storage, w_storage;
     const strided_block<T> block = block_in_memory<T>(own.payload(), x_storage);
     const auto w_payload = payload_in<Env>(w);

@@ -258,6 +258,9 @@ struct frame {
   std::size_t index = 0;  // this device's index (device axes only)
   std::shared_ptr<world> shared;  // device axes on threads only
   std::shared_ptr<process_grid> processes;  // device axes on processes only
+
+  /// Whether its devices are threads of this process, which can read each other's memory.
+  [[nodiscard]] bool on_threads() const { return shared && !processes; }
 };
 
 inline std::vector<frame>& frames() {
@@ -276,6 +279,11 @@ inline std::shared_ptr<device_record>& current_device() {
 inline std::string_view& enclosing_function() {
   thread_local std::string_view name;
   return name;
+}
+
+/// " (in namedax::all_gather_matmul)" inside a function that enclosing_function names, else "".
+inline std::string enclosing_function_note() {
+  return enclosing_function().empty() ? std::string() : message(" (in namedax::", enclosing_function(), ")");
 }
 
 /// Names `name` the enclosing function for the lifetime of the scope.
