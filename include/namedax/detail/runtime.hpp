@@ -282,9 +282,7 @@ inline std::string_view& enclosing_function() {
 }
 
 /// " (in namedax::all_gather_matmul)" inside a function that enclosing_function names, else "".
-inline std::string enclosing_function_note() {
-  return enclosing_function().empty() ? std::string() : message(" (in namedax::", enclosing_function(), ")");
-}
+NAMEDAX_DECL std::string enclosing_function_note();
 
 /// Names `name` the enclosing function for the lifetime of the scope.
 class enclosing_function_scope {
@@ -340,6 +338,10 @@ class frame_scope {
 NAMEDAX_DECL double collective_timeout_seconds();
 
 #if NAMEDAX_DEFINITIONS  // the bodies of the functions declared above (see detail/compilation.hpp)
+NAMEDAX_DECL std::string enclosing_function_note() {
+  return enclosing_function().empty() ? std::string() : message(" (in namedax::", enclosing_function(), ")");
+}
+
 NAMEDAX_DECL void device_record::enter(std::string_view signature) {
   std::lock_guard guard(lock);
   std::string& slot = recent[entered % recent.size()];
