@@ -431,47 +431,39 @@ pbroadcast_map<A> pbroadcast(A axes, int source) {
 // ---------------------------------------------------------------------------------------
 // Contractions
 
-/// x -> pdot(x, y, axes, pos_contract, pos_batch), y fixed (a named value or a plain array).
-/// Its transpose contracts the cotangent with y over y's free dims.
-template <class Y, AxisArgument A>
-struct pdot_lhs_map : detail::linear_map_base {
-  Y y;
+/// x -> pdot(x, y, axes, pos_contract, pos_batch) with y fixed (YFixed), or y -> pdot(x, y, ...)
+/// with x fixed; the fixed operand is a named value or a plain array. Its transpose contracts
+/// the cotangent with the fixed operand over that operand's free dims.
+template <class Fixed, AxisArgument A, bool YFixed>
+struct pdot_map : detail::linear_map_base {
+  Fixed fixed;
   A axes;
   detail::dimension_pairs pos_contract, pos_batch;
 
-  template <class X>
-  auto operator()(const X& x) const {
-    return namedax::pdot(x, y, axes, pos_contract, pos_batch);
+  template <class V>
+  auto operator()(const V& v) const {
+    if constexpr (YFixed) return namedax::pdot(v, fixed, axes, pos_contract, pos_batch);
+    else return namedax::pdot(fixed, v, axes, pos_contract, pos_batch);
   }
   template <NamedValue C>
   auto transpose_of(const C& ct) const {
     auto c = detail::sum_along_varying(ct, detail::names_of<A>{});
-    const std::size_t y_rank = detail::positional_rank_of(y);
-    const std::size_t x_rank = c.dimension() - (y_rank - pos_batch.second.size() - pos_contract.second.size()) +
-                               pos_contract.first.size();
-    return namedax::pvary(detail::dot_transpose("transpose of pdot", c, y, x_rank, pos_contract, pos_batch, false), axes);
+    const auto& fixed_contract = YFixed ? pos_contract.second : pos_contract.first;
+    const auto& own_contract = YFixed ? pos_contract.first : pos_contract.second;
+    const auto& fixed_batch = YFixed ? pos_batch.second : pos_batch.first;
+    const std::size_t own_rank = c.dimension() -
+                                 (detail::positional_rank_of(fixed) - fixed_batch.size() - fixed_contract.size()) +
+                                 own_contract.size();
+    return namedax::pvary(
+        detail::dot_transpose("transpose of pdot", c, fixed, own_rank, pos_contract, pos_batch, !YFixed), axes);
   }
 };
+/// x -> pdot(x, y, axes, pos_contract, pos_batch), y fixed.
+template <class Y, AxisArgument A>
+using pdot_lhs_map = pdot_map<Y, A, true>;
 /// y -> pdot(x, y, axes, pos_contract, pos_batch), x fixed.
 template <class X, AxisArgument A>
-struct pdot_rhs_map : detail::linear_map_base {
-  X x;
-  A axes;
-  detail::dimension_pairs pos_contract, pos_batch;
-
-  template <class Y>
-  auto operator()(const Y& y) const {
-    return namedax::pdot(x, y, axes, pos_contract, pos_batch);
-  }
-  template <NamedValue C>
-  auto transpose_of(const C& ct) const {
-    auto c = detail::sum_along_varying(ct, detail::names_of<A>{});
-    const std::size_t x_rank = detail::positional_rank_of(x);
-    const std::size_t y_rank = c.dimension() - (x_rank - pos_batch.first.size() - pos_contract.first.size()) +
-                               pos_contract.second.size();
-    return namedax::pvary(detail::dot_transpose("transpose of pdot", c, x, y_rank, pos_contract, pos_batch, true), axes);
-  }
-};
+using pdot_rhs_map = pdot_map<X, A, false>;
 template <class Y, AxisArgument A>
 pdot_lhs_map<Y, A> pdot_lhs(Y y, A axes, detail::dimension_pairs pos_contract = {}, detail::dimension_pairs pos_batch = {}) {
   return {{}, std::move(y), axes, std::move(pos_contract), std::move(pos_batch)};
