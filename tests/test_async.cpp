@@ -488,6 +488,22 @@ TEST_SUITE("async") {
       CHECK(contains(later[d], "receives nothing"));
       CHECK(!contains(later[d], "cannot complete"));
     }
+    // Every device catches what its exchange throws and returns: pmap reports the failure all the
+    // same, the mismatch or, if device 3 sees it first, device 2 returning while it waits.
+    auto caught = [](auto x) {
+      const int d = device_index(4);
+      if (d == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      try {
+        auto h = d == 2 ? namedax::async::ppermute(x, "i"_ax, {{0, 1}, {1, 0}}) : namedax::async::ppermute(x, "i"_ax, ring(4));
+        (void)h.wait();
+      } catch (const namedax::collective_error&) {
+      }
+      return namedax::eval(x);
+    };
+    const std::string all_caught = namedax_test::error_of([&] { namedax::pmap<"i">(caught)(xs); });
+    INFO(all_caught);
+    CHECK((contains(all_caught, "receives nothing") ||
+           contains(all_caught, "device i=2 returned from the mapped function while device i=3 waits for it")));
   }
 
   TEST_CASE("bad pairs are an error from the calling thread, before anything is sent") {

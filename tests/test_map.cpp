@@ -271,16 +271,18 @@ TEST_SUITE("maps") {
     auto with_sum = [](const auto& args) { return std::pair{namedax::flip(std::get<0>(args), 0), namedax::sum(std::get<0>(args))}; };
     namedax::vmap<"i">(with_sum).into(std::tie(c, d))(std::tuple{c});
     CHECK_BITWISE(c, expected);
-    // The argument an adaptor of the output's memory (xt::adapt), or a member of a std::tie: its
-    // copy holds elements of its own all the same.
-    for (const bool vectorized : {true, false}) {
-      xt::xarray<float> e = x, g = x, h;
-      auto adapted = xt::adapt(e.data(), e.size(), xt::no_ownership(), std::vector<std::size_t>(e.shape().begin(), e.shape().end()));
-      if (vectorized) namedax::vmap<"i">(reversed).into(e)(adapted), namedax::vmap<"i">(with_sum).into(std::tie(g, h))(std::tie(g));
-      else namedax::pmap<"i">(reversed).into(e)(adapted), namedax::pmap<"i">(with_sum).into(std::tie(g, h))(std::tie(g));
-      CHECK_BITWISE(e, expected);
-      CHECK_BITWISE(g, expected);
-    }
+    // The argument an adaptor of the output's memory (xt::adapt, of any rank or a fixed shape), or
+    // a member of a std::tie: its copy holds elements of its own all the same.
+    auto in_place = [&](const auto& map, const auto& pair_map) {
+      xt::xarray<float> e = x, g = x, h, k = x, m = x;
+      map.into(e)(xt::adapt(e.data(), e.size(), xt::no_ownership(), std::vector<std::size_t>{4, 3}));
+      map.into(k)(xt::adapt(k.data(), k.size(), xt::no_ownership(), std::array<std::size_t, 2>{4, 3}));
+      map.into(m)(xt::adapt(m.data(), xt::xshape<4, 3>{}));
+      pair_map.into(std::tie(g, h))(std::tie(g));
+      for (const auto* written : {&e, &g, &k, &m}) CHECK_BITWISE(*written, expected);
+    };
+    in_place(namedax::vmap<"i">(reversed), namedax::vmap<"i">(with_sum));
+    in_place(namedax::pmap<"i">(reversed), namedax::pmap<"i">(with_sum));
   }
 
   TEST_CASE("into: an array of another fixed rank or fixed shape than the result is an error naming both, not a resize") {

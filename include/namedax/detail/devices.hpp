@@ -226,7 +226,11 @@ NAMEDAX_DECL void launch_devices(std::string_view name, std::size_t n, index_bod
   state->done.wait();
   for (auto& t : fallback) t.join();
   if (!parent_record && tracing()) flush_trace_file();
-  if (!state->failed) return;
+  // A failure that poisoned the world is final even when every device caught what it threw (an
+  // asynchronous mismatch, a device that returned while another waited for it): the outermost
+  // pmap reports it.
+  if (!state->failed && (parent_record || !shared->poisoned)) return;
+  if (!shared->first_error) shared->first_error = std::make_exception_ptr(collective_error(shared->reason));
   // The first exception of any device, however deeply nested; the outermost pmap says where.
   if (parent_record) std::rethrow_exception(shared->first_error);
   rethrow_from_device(shared->first_error, shared->error_note);

@@ -640,22 +640,31 @@ bool outputs_overlap_arguments(const Outputs& outputs, const Args&... args) {
   });
   return overlap;
 }
-/// Whether copying a leaf of type L leaves it in the caller's memory: an adaptor (xt::adapt).
+/// The type of a copy of leaf type L that owns its elements: L itself, but for an adaptor of
+/// the caller's memory (xt::adapt), whose copy would still read that memory: the container of
+/// the same rank or fixed shape.
 template <class L>
-inline constexpr bool is_memory_adaptor = false;
+struct owning_copy {
+  using type = L;
+};
 template <class EC, xt::layout_type L, class SC, class Tag>
-inline constexpr bool is_memory_adaptor<xt::xarray_adaptor<EC, L, SC, Tag>> = true;
+struct owning_copy<xt::xarray_adaptor<EC, L, SC, Tag>> {
+  using type = xt::xarray<typename xt::xarray_adaptor<EC, L, SC, Tag>::value_type>;
+};
 template <class EC, std::size_t N, xt::layout_type L, class Tag>
-inline constexpr bool is_memory_adaptor<xt::xtensor_adaptor<EC, N, L, Tag>> = true;
+struct owning_copy<xt::xtensor_adaptor<EC, N, L, Tag>> {
+  using type = xt::xtensor<typename xt::xtensor_adaptor<EC, N, L, Tag>::value_type, N>;
+};
+template <class EC, class S, xt::layout_type L, bool Sharable, class Tag>
+struct owning_copy<xt::xfixed_adaptor<EC, S, L, Sharable, Tag>> {
+  using type = xt::xtensor_fixed<typename xt::xfixed_adaptor<EC, S, L, Sharable, Tag>::value_type, S>;
+};
 
-/// A copy of an argument whose containers own their elements: an adaptor's become an array's,
-/// and a node of references (std::tie) a node of values.
+/// A copy of an argument whose containers own their elements (owning_copy), and whose nodes
+/// hold values where the argument's hold references (std::tie).
 template <class X>
 auto copy_tree(const X& x) {
-  return detail::tree_map(x, []<class L>(const L& leaf) {
-    if constexpr (is_memory_adaptor<L>) return xt::xarray<typename L::value_type>(leaf);
-    else return L(leaf);
-  });
+  return detail::tree_map(x, []<class L>(const L& leaf) { return typename owning_copy<L>::type(leaf); });
 }
 
 /// A map (vmap or pmap) as an object: called, it returns its results in fresh arrays;
