@@ -94,8 +94,8 @@ auto checkpoint(F f) {
 /// computes, with a pullback of the user's under grad, value_and_grad and vjp, in any map.
 /// `fwd(xs...)` returns `std::pair{f(xs...), residuals}` (residuals: anything bwd needs);
 /// `bwd(residuals, ct)` returns one cotangent per argument, a std::tuple (for one argument,
-/// the cotangent alone will do), each a named value, an array or a scalar that fits the
-/// argument as an operation's contribution does. Constants' cotangents are ignored. Outside
+/// the cotangent alone will do), each a named value, an array or a scalar of the argument's
+/// positional shape (another is a namedax::error). Constants' cotangents are ignored. Outside
 /// any derivative f alone runs. Arguments and result as for checkpoint.
 ///   auto clipped = namedax::custom_vjp(
 ///       [](auto x) { return x; },
