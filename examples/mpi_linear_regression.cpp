@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 // The flagship's data-parallel linear regression on MPI processes: run with
 // `mpirun -np 4 mpi_linear_regression`. Process i trains on shard i of the data, and the
-// processes average their gradients with pmean, over MPI. The training function is the
-// flagship's (examples/linear_regression.cpp), unchanged; every process also runs it on one
-// host thread per shard (namedax::pmap) and checks that both give the same losses.
+// processes average their gradients with pmean, over MPI. The training function fits the
+// flagship's model (examples/linear_regression.cpp) with a gradient written by hand; every
+// process also runs it on one host thread per shard (namedax::pmap) and checks that both give
+// the same losses.
 #include <namedax/mpi.hpp>
 
 #include <xtensor/xadapt.hpp>
@@ -33,7 +34,7 @@ int main(int argc, char** argv) {
   xt::xarray<float> y = xt::sum(X * w_true, {2}) + 0.01f * xt::random::randn<float>({shards, per_shard});
   xt::xarray<float> w0 = xt::zeros<float>({features + 1});
 
-  // Written once, for one shard: the flagship's function.
+  // Written once, for one shard: the flagship's model, its gradient by hand.
   auto train = [&](auto X, auto y, auto w0) {
     auto w = namedax::eval(w0);
     std::vector<float> losses;
