@@ -268,6 +268,23 @@ TEST_SUITE("elementwise") {
     static_assert(std::is_same_v<decltype(integers)::value_type, double>);
   }
 
+  TEST_CASE("lgamma leaves the global signgam alone, so that device threads may call it at once") {
+    // std::lgamma writes signgam, a data race when the devices of a pmap evaluate it together.
+    const xt::xarray<double> x{-0.5, 0.5, 3.0, -2.5};
+    const xt::xarray<float> xf{-0.5f, 0.5f};
+    signgam = 7;
+    auto [v, p] = namedax_test::both_modes([](auto x) { return namedax::lgamma(x); }, x);
+    auto [vf, pf] = namedax_test::both_modes([](auto x) { return namedax::lgamma(x); }, xf);
+    CHECK(signgam == 7);
+    CHECK_BITWISE(v, p);
+    CHECK_BITWISE(vf, pf);
+    for (std::size_t k = 0; k < x.size(); ++k) CHECK(v(k) == std::lgamma(x(k)));
+    CHECK(vf(0) == std::lgamma(-0.5f));
+    auto integers = namedax::vmap<"i">([](auto x) { return namedax::lgamma(x); })(xt::xarray<int>{1, 5});
+    static_assert(std::is_same_v<decltype(integers)::value_type, double>);
+    CHECK(integers(1) == std::lgamma(5.0));
+  }
+
   TEST_CASE("the worked values of elementwise.hpp's doc comments") {
     constexpr double pi = 3.14159265358979323846;
     constexpr float nan = std::numeric_limits<float>::quiet_NaN();

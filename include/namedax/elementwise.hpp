@@ -180,7 +180,7 @@ NAMEDAX_XT_UNARY(erfc)
 /// `tgamma(x)`: Gamma(x); {5.} -> {24.}.
 NAMEDAX_XT_UNARY(tgamma)
 /// `lgamma(x)`: log |Gamma(x)| (jax.scipy.special.gammaln).
-NAMEDAX_XT_UNARY(lgamma)
+NAMEDAX_ELEMENTWISE_UNARY(lgamma, ::namedax::detail::apply_xfunction(::namedax::detail::lgamma_fun{}, NAMEDAX_FWD(a)))
 
 // Rounding; integers and bool give float64 (JAX keeps integers as they are).
 /// `ceil(x)`: {1.2f, -1.2f} -> {2.f, -1.f}.

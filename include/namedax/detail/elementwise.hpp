@@ -71,6 +71,22 @@ struct signbit_fun {
   }
 };
 
+/// log |Gamma(x)| through the reentrant lgamma_r: std::lgamma writes the global `signgam`, a data
+/// race when the devices of a pmap call it at once. Integers and bool give double, as std::lgamma.
+struct lgamma_fun {
+  template <class T>
+  auto operator()(T x) const {
+    int sign = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      return ::lgammaf_r(x, &sign);
+    } else if constexpr (std::is_same_v<T, long double>) {
+      return ::lgammal_r(x, &sign);
+    } else {
+      return ::lgamma_r(static_cast<double>(x), &sign);
+    }
+  }
+};
+
 /// jnp.clip: minimum(maximum(v, lo), hi), so that hi wins when lo > hi (xtensor's clip tests
 /// lo first and gives lo there); a NaN in v stays NaN.
 struct clip_fun {
