@@ -854,8 +854,11 @@ inline std::string_view call_name(std::string_view what) { return what.empty() ?
 /// This process, as the messages name it: its coordinates in the current process map.
 inline std::string process_path(const mesh& m) { return m.caller ? m.caller->path() : message("rank ", m.rank); }
 
-/// Where this process is, as an answer to a query: "<sequence>\x03<what>".
-inline std::string whereabouts(const mesh& m) { return message(m.agreements, '\x03', call_name(m.what)); }
+/// Where this process is, as an answer to a query: "<sequence>\x03<what>", and the namedax
+/// function that made the call where one did (" (in namedax::all_gather_matmul)").
+inline std::string whereabouts(const mesh& m) {
+  return message(m.agreements, '\x03', call_name(m.what), detail::enclosing_function_note());
+}
 
 inline void send_status(mesh& m, int to, int tag, std::string text) {
   auto& [request, kept] = m.status_sent.emplace_back(MPI_REQUEST_NULL, std::move(text));
@@ -955,9 +958,10 @@ inline std::string census(mesh& m, double grace) {
   return text;
 }
 
-/// "<what> on process <path>", for the messages of a wait.
+/// "<what> on process <path>", for the messages of a wait; "<what> (in namedax::<function>) on
+/// process <path>" inside a function such as a collective matmul.
 inline std::string waiter(const mesh& m) {
-  return message(call_name(m.what), " on process ", process_path(m));
+  return message(call_name(m.what), detail::enclosing_function_note(), " on process ", process_path(m));
 }
 
 /// The watchdog's turn in a wait that has spun for a while: answers queries, ends the wait

@@ -5,6 +5,8 @@
 // within the deadline, instead of waiting forever.
 //   early_return   the last process returns from main without calling the process map
 //   stuck          the last process hangs in its own code inside the map, before a psum
+//   stuck_matmul   the same, before an all_gather_matmul: the messages name it as well as
+//                  the exchange inside it that waited
 //   stuck_late     the same, and process 1 comes to the psum late (after 0.6 of the timeout):
 //                  process 0 gives up first, and process 1 ends with its report
 //   killed         the last process is killed by a signal inside the map (mpirun must keep
@@ -20,6 +22,7 @@
 // prints "watchdog passed" or "watchdog FAILED: ..." (what CTest looks for), then the
 // environment ends the program with MPI_Abort, as it does after a timeout (slow: it ends
 // normally).
+#include <namedax/collective_matmul.hpp>
 #include <namedax/mpi.hpp>
 
 #include <algorithm>
@@ -46,9 +49,10 @@ std::string verdict(const std::string& scenario, const std::string& text, double
   if (scenario == "stuck_late" && rank == 1)
     if (auto wrong = expect("on process i=1 (rank 1): process i=0 (rank 0) waited "); !wrong.empty()) return wrong;
   for (const std::string& part :
-       {std::string(scenario == "early_return" ? "namedax::mpi::pmap"
-                    : scenario == "fault"      ? "namedax::"  // the fault may come in the map's own agreements
-                                               : "namedax::psum over ('i',)"),
+       {std::string(scenario == "early_return"   ? "namedax::mpi::pmap"
+                    : scenario == "fault"        ? "namedax::"  // the fault may come in the map's own agreements
+                    : scenario == "stuck_matmul" ? " (in namedax::all_gather_matmul) on process "
+                                                 : "namedax::psum over ('i',)"),
         std::string(" on process "),
         std::string(" s in collective call "), std::string(") and gave up; "),
         std::string("processes that did not arrive: rank 2 (no answer: returned, died, or busy outside namedax's calls)")})
@@ -167,10 +171,11 @@ int main(int argc, char** argv) {
   namedax::mpi::environment env(argc, argv);
   const std::string scenario = argc > 1 ? argv[1] : "";
   const int rank = env.rank(), last = env.size() - 1;
-  if (env.size() != 3 || (scenario != "early_return" && scenario != "stuck" && scenario != "stuck_late" &&
-                          scenario != "killed" && scenario != "fault" && scenario != "slow")) {
+  if (env.size() != 3 || (scenario != "early_return" && scenario != "stuck" && scenario != "stuck_matmul" &&
+                          scenario != "stuck_late" && scenario != "killed" && scenario != "fault" && scenario != "slow")) {
     if (rank == 0)
-      std::printf("watchdog FAILED: run on 3 processes with early_return, stuck, stuck_late, killed, fault or slow\n");
+      std::printf("watchdog FAILED: run on 3 processes with early_return, stuck, stuck_matmul, stuck_late, killed, "
+                  "fault or slow\n");
     return 1;
   }
   if (scenario == "fault" || scenario == "slow") {
@@ -179,16 +184,27 @@ int main(int argc, char** argv) {
   }
   if (rank == last && scenario == "early_return") return 0;  // never calls the map
 
-  auto body = [&](auto x) {
-    if (rank == last && scenario == "killed") std::raise(SIGKILL);
-    if (rank == last) std::this_thread::sleep_for(std::chrono::minutes(5));  // stuck in its own code
-    if (rank == 1 && scenario == "stuck_late") std::this_thread::sleep_for(0.6 * namedax::mpi::timeout());
-    return namedax::psum(x, "i"_ax);
+  // The scenario's misbehaviour, then `collective`.
+  auto misbehaving = [&](auto collective) {
+    return [&, collective](auto x) {
+      if (rank == last && scenario == "killed") std::raise(SIGKILL);
+      if (rank == last) std::this_thread::sleep_for(std::chrono::minutes(5));  // stuck in its own code
+      if (rank == 1 && scenario == "stuck_late") std::this_thread::sleep_for(0.6 * namedax::mpi::timeout());
+      return collective(x);
+    };
+  };
+  auto psum = [](auto x) { return namedax::psum(x, "i"_ax); };
+  const xt::xarray<float> w = 2.f * xt::ones<float>({1, 1});
+  auto matmul = [&w](auto x) { return namedax::all_gather_matmul(x, w, "i"_ax); };
+  auto run = [&] {
+    const xt::xarray<float> blocks = xt::ones<float>({3, 1, 1});
+    if (scenario == "stuck_matmul") (void)namedax::mpi::pmap<"i">(misbehaving(matmul))(blocks);
+    else (void)namedax::mpi::pmap<"i">(misbehaving(psum))(blocks);
   };
   const auto start = std::chrono::steady_clock::now();
   std::string text = "no error";
   try {
-    (void)namedax::mpi::pmap<"i">(body)(xt::xarray<float>{1, 2, 3});
+    run();
   } catch (const namedax::collective_error& e) {
     text = e.what();
   }
@@ -196,7 +212,7 @@ int main(int argc, char** argv) {
   std::string wrong = verdict(scenario, text, seconds, rank);
   // A later process map fails at once, naming the timeout.
   try {
-    (void)namedax::mpi::pmap<"i">(body)(xt::xarray<float>{1, 2, 3});
+    run();
     wrong += " a process map after the timeout ran";
   } catch (const namedax::collective_error& e) {
     if (std::string(e.what()).find("timed out earlier in this program") == std::string::npos)
