@@ -993,14 +993,13 @@ struct jacobian {
   }
 };
 
-/// The traced result `value` of a call on the operands `xs` whose pullback computes the call
-/// again: `backward(ct, operands...)`, given the result's cotangent and the operands as the
-/// call was given them (traced ones as their primals), returns one cotangent per operand. The
-/// node keeps the operands, not what the call computed in between (checkpoint, a map's rule).
-template <class N, class Backward, class... Xs>
-traced<N> record_call(N value, Backward backward, const Xs&... xs) {
-  auto propagate = [backward = std::move(backward), ... kept = owned_operand(xs)](
-                       const N& ct, const std::vector<std::shared_ptr<node>>& parents) {
+/// The pullback of a call recorded with its operands `xs` kept (record_call, joint_node): given
+/// the result's cotangent, `backward(ct, operands...)` gives one cotangent per operand, each
+/// added to its traced operand's cell among the node's parents.
+template <class... Xs, class Backward>
+auto call_pullback(Backward backward, const Xs&... xs) {
+  return [backward = std::move(backward), ... kept = owned_operand(xs)](
+             const auto& ct, const std::vector<std::shared_ptr<node>>& parents) {
     auto cotangents = backward(ct, kept...);
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (
@@ -1012,32 +1011,69 @@ traced<N> record_call(N value, Backward backward, const Xs&... xs) {
           ...);
     }(std::index_sequence_for<Xs...>{});
   };
-  return traced<N>(make_cell(std::move(value), traced_cells(xs...), std::move(propagate)));
 }
 
-/// The value of each of the `shapes.size()` leaves of a pytree shaped as Y, cut from `packed`
-/// (their elements one after another, each leaf flattened) by slices and reshapes.
-template <class Y, class P>
-auto cut_leaves(const P& packed, const std::vector<dims_t>& shapes) {
-  std::size_t offset = 0;
-  auto leaf = [&](std::size_t k) {
-    const std::size_t size = element_count(shapes[k]);
-    auto part = namedax::dynamic_slice(packed, std::tuple{static_cast<std::ptrdiff_t>(offset)}, std::array{size});
-    offset += size;
-    if constexpr (Traced<P>) return namedax::reshape(part, shapes[k]);
-    else return namedax::eval(namedax::reshape(part, shapes[k]));
-  };
-  auto leaves = [&]<std::size_t... K>(std::index_sequence<K...>) {
-    return std::tuple{leaf(K)...};  // braced: the leaves in order
+/// The traced result `value` of a call on the operands `xs` whose pullback computes the call
+/// again: `backward(ct, operands...)`, given the result's cotangent and the operands as the
+/// call was given them (traced ones as their primals), returns one cotangent per operand. The
+/// node keeps the operands, not what the call computed in between (checkpoint, a map's rule).
+template <class N, class Backward, class... Xs>
+traced<N> record_call(N value, Backward backward, const Xs&... xs) {
+  return traced<N>(make_cell(std::move(value), traced_cells(xs...), call_pullback<Xs...>(std::move(backward), xs...)));
+}
+
+/// The node of a call's pytree result, whose leaves may differ in element type, names and
+/// variance: each leaf is a cell of its own, whose pullback hands its cotangent to this node's
+/// slot for it; this node, made before the leaves and so run after them, calls the call's
+/// pullback once with every slot, zeros for a leaf that no cotangent reached.
+template <class Pullback, class... N>
+struct joint_node final : node {
+  joint_node(std::tuple<N...> leaves, std::vector<std::shared_ptr<node>> operands, Pullback pb)
+      : node(std::move(operands)), primals(std::move(leaves)), pullback(std::move(pb)) {}
+
+  void propagate() override {
+    const bool reached = std::apply([](const auto&... slot) { return (false || ... || slot.has_value()); }, slots);
+    if (!reached) return;
+    auto cotangents = [&]<std::size_t... K>(std::index_sequence<K...>) {
+      return std::make_tuple((std::get<K>(slots) ? *std::get<K>(slots) : ad::zeros_like(std::get<K>(primals)))...);
+    }(std::index_sequence_for<N...>{});
+    pullback(cotangents, parents);
+  }
+  void forget() override { slots = {}; }
+
+  std::tuple<N...> primals;
+  std::tuple<std::optional<N>...> slots;
+  Pullback pullback;
+};
+
+/// The traced result in Y's structure, of the leaves of a call's result (see joint_node): each
+/// leaf a cell whose parent is the joint node.
+template <class Y, class Leaves, class Backward, class... Xs>
+auto record_joint(const Leaves& leaves, Backward backward, const Xs&... xs) {
+  return [&]<std::size_t... K>(std::index_sequence<K...>) {
+    auto values = std::make_tuple(namedax::eval(std::get<K>(leaves))...);
+    auto pullback = call_pullback<Xs...>(
+        [backward = std::move(backward)](auto cts, const auto&... operands) {
+          return backward(tree_unflatten<Y>(cts), operands...);
+        },
+        xs...);
+    using joint = joint_node<decltype(pullback), std::tuple_element_t<K, decltype(values)>...>;
+    const auto parent = std::make_shared<joint>(values, traced_cells(xs...), std::move(pullback));
+    auto leaf = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
+      using L = std::tuple_element_t<I, decltype(values)>;
+      return traced<L>(make_cell(std::get<I>(values), std::vector<std::shared_ptr<node>>{parent},
+                                 [](const L& ct, const std::vector<std::shared_ptr<node>>& parents) {
+                                   std::get<I>(static_cast<joint&>(*parents[0]).slots).emplace(ct);
+                                 }));
+    };
+    auto traced_leaves = std::make_tuple(leaf(std::integral_constant<std::size_t, K>{})...);
+    return tree_unflatten<Y>(traced_leaves);
   }(std::make_index_sequence<leaf_count<Y>()>{});
-  return tree_unflatten<Y>(leaves);
 }
 
-/// record_call for a result `y` that may be a pytree: its leaves, named values of one type
-/// (element type, environment, variance), are packed one after another, each flattened, into
-/// the node's one value, and the traced result's leaves are cut from it (cut_leaves: slices
-/// and reshapes, which have derivative rules). `backward(ct, operands...)` gets the cotangent
-/// in y's structure. One value is recorded as it is.
+/// record_call for a result `y` that may be a pytree: one value is recorded as it is; a
+/// pytree's leaves each as a cell of its own, under one joint_node that runs the pullback once.
+/// `backward(ct, operands...)` gets the cotangent in y's structure.
 template <class Y, class Backward, class... Xs>
 auto record_result(Y y, Backward backward, const Xs&... xs) {
   if constexpr (!is_node<Y>) {
@@ -1045,29 +1081,7 @@ auto record_result(Y y, Backward backward, const Xs&... xs) {
                                  "values (one, or a pytree of them)");
     return record_call(namedax::eval(std::move(y)), std::move(backward), xs...);
   } else {
-    const auto leaves = tree_leaves(y);
-    using N = decltype(namedax::eval(std::get<0>(leaves)));
-    static_assert([]<std::size_t... K>(std::index_sequence<K...>) {
-      return (std::is_same_v<decltype(namedax::eval(std::get<K>(leaves))), N> && ...);
-    }(std::make_index_sequence<leaf_count<Y>()>{}),
-                  "namedax::grad: the leaves of a pytree result of checkpoint, custom_vjp, custom_jvp or a map "
-                  "differentiated through must be named values of one element type that vary along the same names");
-    std::vector<dims_t> shapes;
-    auto packed = unpack(leaves, [&](const auto&... l) {
-      auto shape_of = [](const auto& leaf) {
-        const auto shape = leaf.shape();  // a named value's shape is a value: one for both ends
-        return dims_t(shape.begin(), shape.end());
-      };
-      (shapes.push_back(shape_of(l)), ...);
-      return namedax::eval(namedax::concat(std::tuple{namedax::reshape(l, -1)...}, 0));
-    });
-    const auto node = record_call(
-        std::move(packed),
-        [backward = std::move(backward), shapes](const N& ct, const auto&... operands) {
-          return backward(cut_leaves<Y>(ct, shapes), operands...);
-        },
-        xs...);
-    return cut_leaves<Y>(node, shapes);
+    return record_joint<Y>(tree_leaves(y), std::move(backward), xs...);
   }
 }
 
