@@ -1508,8 +1508,8 @@ struct derivative<rule::all_gather_v, Verb> {
 /// in_specs and out_specs, swapped for the cotangents, as JAX's shard_map transpose does),
 /// each index running the function's forward again under vjp, as checkpoint does. The
 /// gradient of an unmapped (replicated) argument comes back summed over the axes, by the
-/// pairing (a replicated value's cotangent is the sum of its uses). A pytree result is one
-/// node all the same (record_result). Inside another map (grad inside the outer one) the
+/// pairing (a replicated value's cotangent is the sum of its uses). A pytree result's leaves
+/// share one joint node, so the backward map runs once (record_result). Inside another map (grad inside the outer one) the
 /// result is named in the outer map's environment, and the backward map runs on each of its
 /// indices.
 template <class Verb>
