@@ -1071,6 +1071,11 @@ auto record_joint(const Leaves& leaves, Backward backward, const Xs&... xs) {
   }(std::make_index_sequence<leaf_count<Y>()>{});
 }
 
+/// The condition of record_result's static_assert: it prints as `leaves_are_named_values<false>`,
+/// not as the leaves' types.
+template <bool Named>
+inline constexpr bool leaves_are_named_values = Named;
+
 /// record_call for a result `y` that may be a pytree: one value is recorded as it is; a
 /// pytree's leaves each as a cell of its own, under one joint_node that runs the pullback once.
 /// `backward(ct, operands...)` gets the cotangent in y's structure.
@@ -1081,7 +1086,14 @@ auto record_result(Y y, Backward backward, const Xs&... xs) {
                                  "values (one, or a pytree of them)");
     return record_call(namedax::eval(std::move(y)), std::move(backward), xs...);
   } else {
-    return record_joint<Y>(tree_leaves(y), std::move(backward), xs...);
+    const auto leaves = tree_leaves(y);
+    constexpr bool named = []<std::size_t... K>(std::index_sequence<K...>) {
+      return (NamedValue<std::remove_cvref_t<std::tuple_element_t<K, decltype(leaves)>>> && ...);
+    }(std::make_index_sequence<leaf_count<Y>()>{});
+    static_assert(leaves_are_named_values<named>, "namedax::checkpoint, custom_vjp and custom_jvp: the function must "
+                                                  "return named values (one, or a pytree of them)");
+    if constexpr (!named) return y;  // only so that the assertion is the one error
+    else return record_joint<Y>(leaves, std::move(backward), xs...);
   }
 }
 
