@@ -1081,20 +1081,15 @@ inline constexpr bool leaves_are_named_values = Named;
 /// `backward(ct, operands...)` gets the cotangent in y's structure.
 template <class Y, class Backward, class... Xs>
 auto record_result(Y y, Backward backward, const Xs&... xs) {
-  if constexpr (!is_node<Y>) {
-    static_assert(NamedValue<Y>, "namedax::checkpoint, custom_vjp and custom_jvp: the function must return named "
-                                 "values (one, or a pytree of them)");
-    return record_call(namedax::eval(std::move(y)), std::move(backward), xs...);
-  } else {
-    const auto leaves = tree_leaves(y);
-    constexpr bool named = []<std::size_t... K>(std::index_sequence<K...>) {
-      return (NamedValue<std::remove_cvref_t<std::tuple_element_t<K, decltype(leaves)>>> && ...);
-    }(std::make_index_sequence<leaf_count<Y>()>{});
-    static_assert(leaves_are_named_values<named>, "namedax::checkpoint, custom_vjp and custom_jvp: the function must "
-                                                  "return named values (one, or a pytree of them)");
-    if constexpr (!named) return y;  // only so that the assertion is the one error
-    else return record_joint<Y>(leaves, std::move(backward), xs...);
-  }
+  using Leaves = decltype(tree_leaves(std::declval<const Y&>()));
+  constexpr bool named = []<std::size_t... K>(std::index_sequence<K...>) {
+    return (NamedValue<std::remove_cvref_t<std::tuple_element_t<K, Leaves>>> && ...);
+  }(std::make_index_sequence<std::tuple_size_v<Leaves>>{});
+  static_assert(leaves_are_named_values<named>, "namedax::checkpoint, custom_vjp and custom_jvp: the function must "
+                                                "return named values (one, or a pytree of them)");
+  if constexpr (!named) return y;  // only so that the assertion is the one error
+  else if constexpr (!is_node<Y>) return record_call(namedax::eval(std::move(y)), std::move(backward), xs...);
+  else return record_joint<Y>(tree_leaves(y), std::move(backward), xs...);
 }
 
 /// A function with a derivative of its own (checkpoint, custom_vjp, custom_jvp): `f` itself
@@ -1521,9 +1516,9 @@ struct derivative<rule::all_gather_v, Verb> {
 /// each index running the function's forward again under vjp, as checkpoint does. The
 /// gradient of an unmapped (replicated) argument comes back summed over the axes, by the
 /// pairing (a replicated value's cotangent is the sum of its uses). A pytree result's leaves
-/// share one joint node, so the backward map runs once (record_result). Inside another map (grad inside the outer one) the
-/// result is named in the outer map's environment, and the backward map runs on each of its
-/// indices.
+/// share one joint node, so the backward map runs once (record_result). Inside another map
+/// (grad inside the outer one) the result is named in the outer map's environment, and the
+/// backward map runs on each of its indices.
 template <class Verb>
 struct derivative<rule::map, Verb> {
   template <class Map, class... Xs>
