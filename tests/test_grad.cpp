@@ -1546,6 +1546,75 @@ TEST_SUITE("grad") {
       CHECK(relative_error(g, expected_rows) < 1e-14);  // r^2 is rounded to float on the way forward only
   }
 
+  TEST_CASE("constants through a derivative that runs the call again: bool leaves, data through apply, pytrees") {
+    const xt::xarray<double> x = {{0.1, 0.2, 0.3}, {0.4, 0.5, 0.6}};
+    const xt::xarray<double> w = {1.0, 2.0, 3.0};
+    // A map's result leaf of bools is a constant, as in JAX: usable as where's mask under grad.
+    // The gradient of sum(where(x > 0.25, sin(x), 0)) is cos(x) where x > 0.25, else 0.
+    auto masked = [](const auto& row) { return std::pair{namedax::sin(row), row > 0.25}; };
+    auto mask_loss = [&](auto map) {
+      return [map, masked](const auto& p) {
+        auto [a, mask] = map(masked)(p);
+        return namedax::sum(namedax::where(mask, a, 0.0));
+      };
+    };
+    const xt::xarray<double> expected_masked = xt::where(x > 0.25, xt::cos(x), 0.0);
+    const xt::xarray<double> gm = namedax::grad(mask_loss([](auto f) { return namedax::vmap<"i">(f); }))(x);
+    check_exact("a bool leaf of a vmap's result", gm, expected_masked);
+    CHECK_BITWISE(gm, namedax::grad(mask_loss([](auto f) { return namedax::pmap<"i">(f); }))(x));
+    auto indexed = namedax::checkpoint([](const auto& r) { return std::pair{namedax::sin(r), namedax::argmax(r)}; });
+    const xt::xarray<double> gi = namedax::grad([&](const auto& r) {
+      auto [a, index] = indexed(r);
+      return namedax::sum(a) + namedax::cast<double>(index).value();  // the index: an int64 constant
+    })(w);
+    check_exact("checkpoint returning (sin, argmax)", gi, xt::cos(w));
+
+    // The backward map traces only what the forward was given traced: the data reach the
+    // function as they were, here through apply (which has no derivative) and a double
+    // constant. loss(v) = sum over rows of 2 sum(v row^2): dv = 2 (the column sums of x^2).
+    auto body = [](const auto& weights, double scale, const auto& row) {
+      return namedax::sum(weights * namedax::apply([](double e) { return e * e; }, row)) * scale;
+    };
+    const auto in_axes = std::tuple{namedax::none, namedax::none, 0};
+    auto data_loss = [&](auto map) {
+      return [map, body, in_axes, &x](const auto& v) { return namedax::sum(map(body, in_axes)(v, 2.0, x)); };
+    };
+    const xt::xarray<double> expected_data = 2.0 * xt::sum(x * x, {0});
+    const xt::xarray<double> gd = namedax::grad(data_loss([](auto f, auto in) { return namedax::vmap<"i">(f, in); }))(w);
+    CHECK(relative_error(gd, expected_data) < 1e-15);
+    CHECK_BITWISE(gd, namedax::grad(data_loss([](auto f, auto in) { return namedax::pmap<"i">(f, in); }))(w));
+    namedax::mesh m{namedax::devices<"i">(2)};
+    auto mesh_loss = [&](const auto& v) {
+      auto block = [body](const auto& weights, double scale, const auto& rows) {
+        return namedax::psum(body(weights, scale, rows), "i"_ax);
+      };
+      const auto specs = std::tuple{namedax::P(), namedax::P(), namedax::P("i"_ax)};
+      return namedax::shard_map(block, m, specs, namedax::P())(v, 2.0, x);
+    };
+    CHECK(relative_error(namedax::grad(mesh_loss)(w), expected_data) < 1e-15);
+    // checkpoint with a double and a pytree of ints, which stay constants: 0.5 cos(0.5 w).
+    auto scaled = namedax::checkpoint([](const auto& p, double scale, const std::tuple<int, int>& shape) {
+      return namedax::sin(p * scale) * static_cast<double>(std::get<0>(shape));
+    });
+    const xt::xarray<double> gs = namedax::grad([&](const auto& p) {
+      return namedax::sum(scaled(p, 0.5, std::tuple<int, int>{1, 2}));
+    })(w);
+    check_exact("checkpoint with constants", gs, 0.5 * xt::cos(0.5 * w));
+
+    // custom_vjp with its bounds as one constant pair (jax's clip_gradient): {1, 0.5, -1}.
+    auto clip_gradient = namedax::custom_vjp(
+        [](const std::pair<double, double>&, const auto& a) { return a * 1.0; },
+        [](const std::pair<double, double>& b, const auto& a) { return std::pair{a * 1.0, b}; },
+        [](const auto& b, const auto& ct) {
+          return std::tuple{std::pair{0.0, 0.0}, namedax::clip(ct, b.first, b.second)};
+        });
+    const xt::xarray<double> clip_weights = {5.0, 0.5, -3.0};
+    const xt::xarray<double> gc = namedax::grad([&](const auto& a) {
+      return namedax::sum(clip_gradient(std::pair{-1.0, 1.0}, a) * clip_weights);
+    })(xt::xarray<double>{-2.0, 0.5, 3.0});
+    check_exact("custom_vjp with a constant pair", gc, xt::xarray<double>{1.0, 0.5, -1.0});
+  }
+
   TEST_CASE("grad inside an outer map of a function that calls an inner map: every mix of vmap and pmap") {
     // loss(p, w) = sum over the rows i of sum(sin(p_i) w): dp = cos(p) w; w is replicated, so
     // its gradient is summed over the rows and over the outer axis "b".

@@ -322,7 +322,9 @@ auto owned_operand(const X& x) {
   if constexpr (Traced<X>) return x.primal();
   else if constexpr (NamedOperand<X>) return x;
   else if constexpr (std::is_arithmetic_v<X>) return x;
-  else return xt::xarray<typename X::value_type>(x);
+  else if constexpr (is_node<X>) return detail::tree_map(x, [](const auto& leaf) { return owned_operand(leaf); });
+  else if constexpr (PlainValue<X>) return xt::xarray<typename X::value_type>(x);
+  else return x;  // a constant of another kind (an options struct, a string): kept as it is
 }
 
 /// An elementwise operation `f` of the operands, whose pullback to operand k is
@@ -702,13 +704,51 @@ auto split_aux(R&& r) {
   }
 }
 
+/// Which leaves of a call's arguments `Xs...` were traced values, in tree_leaves' order: a
+/// std::integer_sequence<bool, ...>. A derivative that runs the call again (checkpoint, a
+/// map's rule) traces those alone, so that the function gets every other argument as the
+/// call gave it.
+template <class Leaves>
+struct traced_flags;
+template <class... L>
+struct traced_flags<std::tuple<L...>> {
+  using type = std::integer_sequence<bool, Traced<std::remove_cvref_t<L>>...>;
+};
+template <class... Xs>
+using traced_leaves_of = typename traced_flags<decltype(tree_leaves(std::declval<const std::tuple<const Xs&...>&>()))>::type;
+
+/// A leaf traced (trace_leaf), or a copy of it as it is.
+template <bool Trace, class L>
+auto traced_if(const L& leaf) {
+  if constexpr (Trace) return trace_leaf(leaf);
+  else return L(leaf);
+}
+
+/// The arguments as the differentiated function receives them: every leaf traced where it can
+/// be (`Selected` void: grad, vjp), or only the leaves whose flag in `Selected` is set (see
+/// traced_leaves_of), the others as they are.
+template <class Selected, class... Xs>
+auto trace_arguments(const Xs&... xs) {
+  if constexpr (std::is_void_v<Selected>) {
+    // make_tuple, not std::tuple{...}: one argument that is itself a tuple must stay one argument.
+    return std::make_tuple(detail::tree_map(xs, [](const auto& leaf) { return trace_leaf(leaf); })...);
+  } else {
+    const std::tuple<const Xs&...> given(xs...);
+    const auto leaves = tree_leaves(given);
+    return [&]<bool... Trace, std::size_t... K>(std::integer_sequence<bool, Trace...>, std::index_sequence<K...>) {
+      auto chosen = std::make_tuple(traced_if<Trace>(std::get<K>(leaves))...);
+      return tree_unflatten<std::tuple<Xs...>>(chosen);
+    }(Selected{}, std::make_index_sequence<Selected::size()>{});
+  }
+}
+
 /// vjp (and, through it, grad, value_and_grad and checkpoint, which name themselves as
-/// `verb`): `{value, pullback, aux}`, the aux std::monostate unless HasAux.
-template <bool HasAux, class F, class... Xs>
+/// `verb`): `{value, pullback, aux}`, the aux std::monostate unless HasAux. `Selected`: which
+/// leaves are traced (see trace_arguments).
+template <bool HasAux, class Selected = void, class F, class... Xs>
 auto trace_function(std::string_view verb, const F& f, const Xs&... xs) {
   const std::uint64_t first = node::upcoming_order();
-  // make_tuple, not std::tuple{...}: one argument that is itself a tuple must stay one argument.
-  auto inputs = std::make_tuple(detail::tree_map(xs, [](const auto& leaf) { return trace_leaf(leaf); })...);
+  auto inputs = trace_arguments<Selected>(xs...);
   auto [out, aux] = split_aux<HasAux>(unpack(inputs, f));
   auto value = primal_tree(out);
   return std::tuple{std::move(value), pullback_of(verb, first, std::move(inputs), std::move(out), std::make_tuple(xs...)),
@@ -1046,12 +1086,54 @@ struct joint_node final : node {
   Pullback pullback;
 };
 
+/// Whether a call's result leaf of type L is recorded, a cell of its own: a named value of
+/// floating type. A leaf of integers or bools is a constant of the program, returned as it is
+/// (`constant_leaf`), as trace_leaf leaves such an argument.
+template <class L>
+constexpr bool recorded_leaf() {
+  if constexpr (NamedValue<L>) return differentiable_element<typename L::value_type>;
+  else return false;
+}
+template <class L>
+constexpr bool constant_leaf() {
+  if constexpr (std::is_arithmetic_v<L>) return !differentiable_element<L>;
+  else if constexpr (NamedValue<L> || PlainValue<L>) return !differentiable_element<typename L::value_type>;
+  else return false;
+}
+
+/// The pullback of a joint node's leaf I: its cotangent goes to the node's slot for it.
+template <std::size_t I, class Joint>
+struct joint_slot {
+  template <class C>
+  void operator()(const C& ct, const std::vector<std::shared_ptr<node>>& parents) const {
+    std::get<I>(static_cast<Joint&>(*parents[0]).slots).emplace(ct);
+  }
+};
+
+/// Leaf I of a joint node's result: a cell whose parent is the node, or the leaf as it is
+/// where it is a constant.
+template <std::size_t I, class Values, class Joint>
+auto joint_leaf(const Values& values, const std::shared_ptr<Joint>& parent) {
+  using L = std::tuple_element_t<I, Values>;
+  if constexpr (!recorded_leaf<L>())
+    return std::get<I>(values);
+  else
+    return traced<L>(make_cell(std::get<I>(values), std::vector<std::shared_ptr<node>>{parent}, joint_slot<I, Joint>{}));
+}
+
+/// A result leaf as the joint node keeps it: evaluated where it is recorded, as it is otherwise.
+template <class L>
+auto result_value(const L& leaf) {
+  if constexpr (recorded_leaf<L>()) return namedax::eval(leaf);
+  else return L(leaf);
+}
+
 /// The traced result in Y's structure, of the leaves of a call's result (see joint_node): each
-/// leaf a cell whose parent is the joint node.
+/// recorded leaf a cell whose parent is the joint node, each constant one as it is.
 template <class Y, class Leaves, class Backward, class... Xs>
 auto record_joint(const Leaves& leaves, Backward backward, const Xs&... xs) {
   return [&]<std::size_t... K>(std::index_sequence<K...>) {
-    auto values = std::make_tuple(namedax::eval(std::get<K>(leaves))...);
+    auto values = std::make_tuple(result_value(std::get<K>(leaves))...);
     auto pullback = call_pullback<Xs...>(
         [backward = std::move(backward)](auto cts, const auto&... operands) {
           return backward(tree_unflatten<Y>(cts), operands...);
@@ -1059,14 +1141,7 @@ auto record_joint(const Leaves& leaves, Backward backward, const Xs&... xs) {
         xs...);
     using joint = joint_node<decltype(pullback), std::tuple_element_t<K, decltype(values)>...>;
     const auto parent = std::make_shared<joint>(values, traced_cells(xs...), std::move(pullback));
-    auto leaf = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
-      using L = std::tuple_element_t<I, decltype(values)>;
-      return traced<L>(make_cell(std::get<I>(values), std::vector<std::shared_ptr<node>>{parent},
-                                 [](const L& ct, const std::vector<std::shared_ptr<node>>& parents) {
-                                   std::get<I>(static_cast<joint&>(*parents[0]).slots).emplace(ct);
-                                 }));
-    };
-    auto traced_leaves = std::make_tuple(leaf(std::integral_constant<std::size_t, K>{})...);
+    auto traced_leaves = std::make_tuple(joint_leaf<K>(values, parent)...);
     return tree_unflatten<Y>(traced_leaves);
   }(std::make_index_sequence<leaf_count<Y>()>{});
 }
@@ -1082,12 +1157,17 @@ inline constexpr bool leaves_are_named_values = Named;
 template <class Y, class Backward, class... Xs>
 auto record_result(Y y, Backward backward, const Xs&... xs) {
   using Leaves = decltype(tree_leaves(std::declval<const Y&>()));
-  constexpr bool named = []<std::size_t... K>(std::index_sequence<K...>) {
-    return (NamedValue<std::remove_cvref_t<std::tuple_element_t<K, Leaves>>> && ...);
+  constexpr auto kinds = []<std::size_t... K>(std::index_sequence<K...>) {
+    using namespace std;  // tuple_element_t, remove_cvref_t
+    return pair{((recorded_leaf<remove_cvref_t<tuple_element_t<K, Leaves>>>() ||
+                  constant_leaf<remove_cvref_t<tuple_element_t<K, Leaves>>>()) && ...),
+                (false || ... || recorded_leaf<remove_cvref_t<tuple_element_t<K, Leaves>>>())};
   }(std::make_index_sequence<std::tuple_size_v<Leaves>>{});
-  static_assert(leaves_are_named_values<named>, "namedax::checkpoint, custom_vjp and custom_jvp: the function must "
-                                                "return named values (one, or a pytree of them)");
-  if constexpr (!named) return y;  // only so that the assertion is the one error
+  static_assert(leaves_are_named_values<kinds.first>, "namedax::checkpoint, custom_vjp and custom_jvp: the function must "
+                                                      "return named values (one, or a pytree of them)");
+  // Nothing to record where the assertion failed (it is then the one error), or where every
+  // leaf is a constant.
+  if constexpr (!kinds.first || !kinds.second) return y;
   else if constexpr (!is_node<Y>) return record_call(namedax::eval(std::move(y)), std::move(backward), xs...);
   else return record_joint<Y>(tree_leaves(y), std::move(backward), xs...);
 }
@@ -1124,7 +1204,7 @@ struct checkpointed : own_derivative<checkpointed<F>, F> {
     return record_result(
         std::move(y),
         [f = this->f](const auto& ct, const auto&... operands) {
-          return std::get<1>(trace_function<false>("checkpoint", f, operands...))(ct);
+          return std::get<1>(trace_function<false, traced_leaves_of<Xs...>>("checkpoint", f, operands...))(ct);
         },
         xs...);
   }
@@ -1214,7 +1294,7 @@ struct custom_jvp_function : own_derivative<custom_jvp_function<F, Jvp>, F> {
             if constexpr (Operand<decltype(p)>) return namedax::zeros_like(p);
             else return p;  // a constant of another kind, not differentiated
           };
-          return std::get<1>(trace_function<false>("custom_jvp", tangent, zero(primals)...))(ct);
+          return std::get<1>(trace_function<false, traced_leaves_of<Xs...>>("custom_jvp", tangent, zero(primals)...))(ct);
         },
         xs...);
   }
@@ -1532,12 +1612,11 @@ struct derivative<rule::map, Verb> {
     // Outside every map the result's leaves are plain arrays: recorded as named values of no map.
     constexpr bool plain = PlainValue<std::tuple_element_t<0, decltype(tree_leaves(y))>>;
     auto as_named = [](auto leaf) {
-      if constexpr (plain) {
-        using T = typename decltype(leaf)::value_type;
+      using T = typename decltype(leaf)::value_type;
+      if constexpr (plain && ad::differentiable_element<T>)
         return named<shared_array<T>, env<>, 0>(share_array(xt::xarray<T>(std::move(leaf))));
-      } else {
-        return leaf;
-      }
+      else
+        return leaf;  // a constant leaf (integers, bools) is returned as the map returns it
     };
     // The map of the pullback, on the leaves of the arguments (their primals) and the result's
     // cotangent, mapped as the forward's leaves and result were; it returns one cotangent per
@@ -1546,8 +1625,12 @@ struct derivative<rule::map, Verb> {
         [f](const auto&... leaves_and_ct) {
           auto all = std::forward_as_tuple(leaves_and_ct...);
           auto args = tree_unflatten<arguments>(all);
-          auto [value, pullback] = unpack(args, [&](const auto&... a) { return ad::vjp_of_function(f, a...); });
-          const auto cotangents = pullback(std::get<sizeof...(leaves_and_ct) - 1>(all));
+          // Only the leaves the forward was given traced are traced again: f gets every other
+          // argument as the forward gave it.
+          auto call = unpack(args, [&](const auto&... a) {
+            return ad::trace_function<false, ad::traced_leaves_of<Xs...>>("vjp", f, a...);
+          });
+          const auto cotangents = std::get<1>(call)(std::get<sizeof...(leaves_and_ct) - 1>(all));
           return unpack(tree_leaves(cotangents), [](const auto&... c) { return std::make_tuple(c...); });
         },
         std::tuple_cat(entries, std::make_tuple(map.out_axes())), entries);  // make_tuple: a pair of specs stays one
@@ -1559,7 +1642,10 @@ struct derivative<rule::map, Verb> {
       return ad::record_result(
           std::move(result),
           [backward](const auto& ct, const auto&... operands) {
-            auto payloads = [](const auto& c) { return c.payload(); };
+            auto payloads = [](const auto& c) {
+              if constexpr (NamedValue<std::remove_cvref_t<decltype(c)>>) return c.payload();
+              else return c;  // a constant leaf's zeros, a plain array already
+            };
             if constexpr (plain) return backward(operands..., detail::tree_map(ct, payloads));
             else return backward(operands..., ct);
           },
