@@ -80,15 +80,19 @@ struct all_gather_v_fn {
     requires NamedOperand<X>
   auto operator()(const X& x, const C& count, const A& axes) const {
     // Every index's count first (small), then the rows by one ragged all-to-all.
-    return detail::when_resolved(detail::all_gather_v_op<all_gather_v_fn, A>{axes}, x, count);
+    if constexpr (!detail::count_is_checked<C>()) return x;  // only the assertion is reported
+    else return detail::when_resolved(detail::all_gather_v_op<all_gather_v_fn, A>{axes}, x, count);
   }
   /// Differentiated (namedax::grad) in x: each row's cotangent goes back to the row it came
   /// from, and the rows past an index's count get zero.
   template <class X, class C, AxisArgument A>
     requires Traced<X>
   auto operator()(const X& x, const C& count, const A& axes) const {
-    return detail::derivative<detail::rule::all_gather_v, typename detail::dependent<X, all_gather_v_fn>::type>::apply(
-        x, count, axes);
+    if constexpr (!detail::count_is_checked<C>())
+      return x;  // only the assertion is reported
+    else
+      return detail::derivative<detail::rule::all_gather_v, typename detail::dependent<X, all_gather_v_fn>::type>::apply(
+          x, count, axes);
   }
 };
 inline constexpr all_gather_v_fn all_gather_v{};
@@ -141,8 +145,11 @@ struct all_gather_v_fn {
   template <class X, class C, AxisArgument A>
     requires NamedOperand<X>
   [[nodiscard]] auto operator()(const X& x, const C& count, const A& axes) const {
-    return detail::handle_of(
-        namedax::detail::start_ragged<all_gather_v_fn>(namedax::detail::all_gather_v_op<all_gather_v_fn, A>{axes}, x, count));
+    if constexpr (!namedax::detail::count_is_checked<C>())
+      return x;  // only the assertion is reported
+    else
+      return detail::handle_of(namedax::detail::start_ragged<all_gather_v_fn>(
+          namedax::detail::all_gather_v_op<all_gather_v_fn, A>{axes}, x, count));
   }
   /// Under grad (x traced): namedax::all_gather_v at start, whose rule records the derivative.
   template <class X, class C, AxisArgument A>

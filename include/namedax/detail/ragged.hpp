@@ -358,6 +358,20 @@ auto ragged_zeros(const X& x, std::size_t rows) {
   return z;
 }
 
+/// The condition of all_gather_v's static_assert on its count: it prints as itself.
+template <bool Named>
+inline constexpr bool count_is_a_named_value = Named;
+/// Whether all_gather_v's count is of a kind it takes: a plain number stops at one assertion
+/// that says what to give instead, not deep in the exchange.
+template <class C>
+constexpr bool count_is_checked() {
+  static_assert(count_is_a_named_value<!std::is_arithmetic_v<C>>,
+                "namedax::all_gather_v: the count must be a named value of integers, each index's own number of rows "
+                "(from axis_index, a collective or a mapped argument); for the same count on every index, all_gather "
+                "with .tiled = true of namedax::view(x, xt::range(0, count)) gathers those rows");
+  return !std::is_arithmetic_v<C>;
+}
+
 /// all_gather_v once its operands are resolved, in the same three steps: index r sends rows
 /// [0, count_r) of x to every peer, where they land after the rows of the indices before r.
 template <class Verb, class A>
