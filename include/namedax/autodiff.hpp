@@ -144,19 +144,23 @@ auto linearize(F f, const Ps&... primals) {
 }
 
 /// `jacrev(f)(x, rest...)`: the Jacobian of f in x (jax.jacrev with argnums=0), an array of
-/// f's result dims followed by x's dims: `jacrev(f)(x)(i, j)` is d f(x)_i / d x_j. Outside
-/// maps, x one value, f returning one value; one pullback per element of f's result.
+/// f's result dims followed by x's dims: `jacrev(f)(x)(i, j)` is d f(x)_i / d x_j. x one
+/// value, f returning one value; one pullback per element of f's result. Inside a map, each
+/// index's Jacobian as a named value of x's environment, the rows seeded on every index at
+/// once (jax.vmap(jax.jacrev(f)): per-example Jacobians under vmap).
 ///   jacrev([](auto x) { return namedax::square(x); })(xt::xarray<double>{1., 2.})  // {{2., 0.}, {0., 4.}}
 template <class F>
 auto jacrev(F f) {
-  return detail::ad::jacobian<F>{std::move(f)};
+  return detail::ad::jacobian<F, true>{std::move(f)};
 }
 
-/// `jacfwd(f)(x, rest...)`: jacrev's Jacobian (jax.jacfwd), the same array. Computed by
-/// reverse mode as jacrev is, until namedax has a forward mode with rules of its own.
+/// `jacfwd(f)(x, rest...)`: jacrev's Jacobian (jax.jacfwd), the same array, outside maps.
+/// Computed by reverse mode as jacrev is, until namedax has a forward mode with rules of its
+/// own; inside a map it stops at a static_assert (seeding tangents on every index at once is
+/// not jacrev's Jacobian where collectives couple the indices).
 template <class F>
 auto jacfwd(F f) {
-  return detail::ad::jacobian<F>{std::move(f)};
+  return detail::ad::jacobian<F, false>{std::move(f)};
 }
 
 /// The value without its record: no derivative flows through it (jax.lax.stop_gradient).

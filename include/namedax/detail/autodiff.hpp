@@ -999,10 +999,53 @@ auto jvp_by_pullbacks(const F& f, const std::tuple<Ps...>& primals, const std::t
   return std::pair{std::move(value), std::move(tangent)};
 }
 
-/// The Jacobian of f in its first argument (jax.jacrev, jax.jacfwd), outside any map: the
+/// The condition of the static_assert of jacfwd inside a map: it prints as itself.
+template <bool Reverse>
+inline constexpr bool jacfwd_inside_maps_needs_forward_mode = Reverse;
+
+/// The Jacobian inside a map, from f's value and pullback in x: one pullback per positional
+/// element e of the value, seeded with e's unit cotangent on every index of the map at once
+/// (as jax.vmap(jax.jacrev(f)) seeds each example's), the gradients in x stacked as rows
+/// before x's positional dims. A value of x's environment (T, f's element type).
+template <class Y, class Pullback>
+auto jacobian_in_map(const Y& value, const Pullback& pullback) {
+  using T = typename Y::value_type;
+  const auto& shape = value.payload().shape();
+  const std::size_t positional = shape.size() - Y::env_type::vectorized_count;
+  const std::size_t elements = element_count(std::span(shape.data(), positional));
+  const std::size_t lanes = element_count(std::span(shape.data() + positional, shape.size() - positional));
+  using G = std::remove_cvref_t<std::tuple_element_t<0, decltype(pullback(value))>>;
+  std::vector<xt::xarray<T>> rows;
+  dims_t row_shape;  // the rows' common shape: a dim of 1 in one row broadcasts to another's
+  for (std::size_t e = 0; e < elements; ++e) {
+    xt::xarray<T> unit = xt::zeros<T>(shape);
+    for (std::size_t lane = 0; lane < lanes; ++lane) unit.flat(e * lanes + lane) = T{1};
+    const auto grads = pullback(Y(share_array(std::move(unit))));
+    if constexpr (NamedValue<G>) rows.push_back(evaluate<T>(std::get<0>(grads).payload()));
+    else rows.push_back(xt::xarray<T>(std::get<0>(grads)));
+    const auto& s = rows.back().shape();
+    if (e == 0) row_shape.assign(s.begin(), s.end());
+    for (std::size_t k = 0; k < row_shape.size(); ++k) row_shape[k] = std::max(row_shape[k], s[k]);
+  }
+  dims_t stacked(row_shape);
+  stacked.insert(stacked.begin(), shape.begin(), shape.begin() + static_cast<std::ptrdiff_t>(positional));
+  xt::xarray<T> jacobian = xt::xarray<T>::from_shape(stacked);
+  const std::size_t row_size = element_count(row_shape);
+  for (std::size_t e = 0; e < elements; ++e) {
+    const xt::xarray<T> row = xt::broadcast(rows[e], row_shape);
+    std::copy(row.begin(), row.end(), jacobian.data() + e * row_size);
+  }
+  if constexpr (NamedValue<G>)
+    return make_named<shared_array<T>, typename G::env_type, G::varying>(share_array(std::move(jacobian)));
+  else
+    return jacobian;
+}
+
+/// The Jacobian of f in its first argument (jax.jacrev; jax.jacfwd, `Reverse` false): the
 /// result's dims, then the argument's; row e is the gradient of result element e, by one
-/// pullback of one vjp per element.
-template <class F>
+/// pullback of one vjp per element. Inside a map, jacrev's (jacobian_in_map); jacfwd's would
+/// seed tangents, not cotangents, on every index at once, which needs a forward mode.
+template <class F, bool Reverse = true>
 struct jacobian {
   F f;
 
@@ -1012,11 +1055,15 @@ struct jacobian {
                                "for now; pass the leaves as arguments of their own");
     auto [value, pullback] = vjp_of_function([&](const auto& a) { return f(a, rest...); }, x);
     using Y = decltype(value);
-    static_assert(std::is_arithmetic_v<Y> || (NamedValue<Y> && Y::env_type::size == 0),
-                  "namedax::jacrev/jacfwd: the function must return one named value, array or scalar, and they work "
-                  "outside maps only for now");
+    static_assert(std::is_arithmetic_v<Y> || NamedValue<Y>,
+                  "namedax::jacrev/jacfwd: the function must return one named value, array or scalar");
     if constexpr (std::is_arithmetic_v<Y>) {
       return xt::xarray<Y>(flat_elements(std::get<0>(pullback(Y{1}))));
+    } else if constexpr (Y::env_type::size > 0) {
+      static_assert(jacfwd_inside_maps_needs_forward_mode<Reverse>,
+                    "namedax::jacfwd inside a map needs a forward mode, which namedax does not have yet; jacrev gives "
+                    "the Jacobian inside maps, its rows seeded on every index at once, as jax.vmap(jax.jacrev(f))");
+      return jacobian_in_map(value, pullback);
     } else {
       using T = typename Y::value_type;
       const std::vector<std::size_t> input = leaf_shape(x);
