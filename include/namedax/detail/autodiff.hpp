@@ -24,6 +24,7 @@
 #include <xtensor/xreducer.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -716,6 +717,49 @@ struct traced_flags<std::tuple<L...>> {
 };
 template <class... Xs>
 using traced_leaves_of = typename traced_flags<decltype(tree_leaves(std::declval<const std::tuple<const Xs&...>&>()))>::type;
+
+/// The positions of the set flags in `Flags` (traced_leaves_of's), and each position's index
+/// among them: what a map's rule keeps of its per-leaf lists for the traced leaves alone.
+template <class Flags>
+struct set_flags;
+template <bool... F>
+struct set_flags<std::integer_sequence<bool, F...>> {
+  static constexpr std::size_t count = (std::size_t{0} + ... + std::size_t{F});
+  static constexpr std::array<bool, sizeof...(F)> set{F...};
+  static constexpr auto positions = [] {
+    std::array<std::size_t, count> p{};
+    for (std::size_t i = 0, k = 0; i < sizeof...(F); ++i)
+      if (set[i]) p[k++] = i;
+    return p;
+  }();
+  static constexpr auto ranks = [] {
+    std::array<std::size_t, sizeof...(F)> r{};
+    for (std::size_t i = 0, k = 0; i < sizeof...(F); ++i) r[i] = set[i] ? k++ : 0;
+    return r;
+  }();
+};
+/// The elements of the tuple `t` at the set positions of Flags.
+template <class Flags, class Tuple>
+auto at_set_flags(const Tuple& t) {
+  using S = set_flags<Flags>;
+  return [&]<std::size_t... J>(std::index_sequence<J...>) {
+    return std::make_tuple(std::get<S::positions[J]>(t)...);
+  }(std::make_index_sequence<S::count>{});
+}
+/// Element `Rank` of `chosen` where the flag is set, a placeholder (0) where it is not.
+template <bool Set, std::size_t Rank, class Tuple>
+auto chosen_or_placeholder(const Tuple& chosen) {
+  if constexpr (Set) return std::get<Rank>(chosen);
+  else return 0;
+}
+/// The inverse of at_set_flags: one element per flag, `chosen`'s at the set positions.
+template <class Flags, class Tuple>
+auto from_set_flags(const Tuple& chosen) {
+  using S = set_flags<Flags>;
+  return [&]<std::size_t... K>(std::index_sequence<K...>) {
+    return std::make_tuple(chosen_or_placeholder<S::set[K], S::ranks[K]>(chosen)...);
+  }(std::make_index_sequence<S::set.size()>{});
+}
 
 /// A leaf traced (trace_leaf), or a copy of it as it is.
 template <bool Trace, class L>
@@ -1666,21 +1710,20 @@ struct derivative<rule::map, Verb> {
         return leaf;  // a constant leaf (integers, bools) is returned as the map returns it
     };
     // The map of the pullback, on the leaves of the arguments (their primals) and the result's
-    // cotangent, mapped as the forward's leaves and result were; it returns one cotangent per
-    // leaf, stacked as the leaves were.
+    // cotangent, mapped as the forward's leaves and result were; it returns the cotangent of
+    // each traced leaf, stacked as the leaf was. Only the leaves the forward was given traced
+    // are traced again: f gets every other argument as the forward gave it.
+    using traced_leaves = ad::traced_leaves_of<Xs...>;
     auto backward = map.remapped(
         [f](const auto&... leaves_and_ct) {
           auto all = std::forward_as_tuple(leaves_and_ct...);
           auto args = tree_unflatten<arguments>(all);
-          // Only the leaves the forward was given traced are traced again: f gets every other
-          // argument as the forward gave it.
-          auto call = unpack(args, [&](const auto&... a) {
-            return ad::trace_function<false, ad::traced_leaves_of<Xs...>>("vjp", f, a...);
-          });
+          auto call = unpack(args, [&](const auto&... a) { return ad::trace_function<false, traced_leaves>("vjp", f, a...); });
           const auto cotangents = std::get<1>(call)(std::get<sizeof...(leaves_and_ct) - 1>(all));
-          return unpack(tree_leaves(cotangents), [](const auto&... c) { return std::make_tuple(c...); });
+          return ad::at_set_flags<traced_leaves>(tree_leaves(cotangents));
         },
-        std::tuple_cat(entries, std::make_tuple(map.out_axes())), entries);  // make_tuple: a pair of specs stays one
+        std::tuple_cat(entries, std::make_tuple(map.out_axes())),  // make_tuple: a pair of specs stays one
+        ad::at_set_flags<traced_leaves>(entries));
     auto result = [&] {
       if constexpr (is_node<decltype(y)>) return detail::tree_map(y, as_named);
       else return as_named(std::move(y));  // one array: moved, not copied
@@ -1693,8 +1736,9 @@ struct derivative<rule::map, Verb> {
               if constexpr (NamedValue<std::remove_cvref_t<decltype(c)>>) return c.payload();
               else return c;  // a constant leaf's zeros, a plain array already
             };
-            if constexpr (plain) return backward(operands..., detail::tree_map(ct, payloads));
-            else return backward(operands..., ct);
+            // One cotangent per operand, a placeholder for each that is not traced (not read).
+            if constexpr (plain) return ad::from_set_flags<traced_leaves>(backward(operands..., detail::tree_map(ct, payloads)));
+            else return ad::from_set_flags<traced_leaves>(backward(operands..., ct));
           },
           leaf...);
     });
