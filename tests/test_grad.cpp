@@ -1512,6 +1512,67 @@ TEST_SUITE("grad") {
     CHECK_BITWISE(jacobian_v, jacobian_p);
   }
 
+  TEST_CASE("jvp, linearize and jacfwd inside maps: closed forms, collectives coupling the indices, <jvp(t), c> = <t, vjp(c)>") {
+    const xt::xarray<double> x = {{0.1, 0.2, 0.3}, {0.4, 0.5, 0.6}};
+    const xt::xarray<double> t = {{1.0, 0.5, -1.0}, {2.0, 0.0, 1.0}};
+    const xt::xarray<double> c = {{0.3, -1.0, 2.0}, {1.5, 0.25, -0.5}};
+    // y_d = x_d psum(x): dy_d = t_d psum(x) + x_d psum(t), each index's tangent reaching every other.
+    auto coupled = [](const auto& v) { return v * namedax::psum(v, "i"_ax); };
+    // y_d = (d + 1) x_{d-1}: dy_d = (d + 1) t_{d-1}.
+    auto shifted = [](const auto& v) {
+      return namedax::ppermute(v, "i"_ax, {{0, 1}, {1, 0}}) * (namedax::cast<double>(namedax::axis_index("i"_ax)) + 1.0);
+    };
+    auto tangent_of = [](auto f) {
+      return [f](const auto& row, const auto& tan) { return namedax::jvp(f, std::tuple{row}, std::tuple{tan}).second; };
+    };
+    const xt::xarray<double> expected_coupled = t * xt::sum(x, {0}) + x * xt::sum(t, {0});
+    const xt::xarray<double> expected_shifted = {{2.0, 0.0, 1.0}, {2.0, 1.0, -2.0}};
+    const xt::xarray<double> coupled_v = namedax::vmap<"i">(tangent_of(coupled))(x, t);
+    CHECK(relative_error(coupled_v, expected_coupled) < 1e-15);
+    CHECK_BITWISE(coupled_v, namedax::pmap<"i">(tangent_of(coupled))(x, t));
+    const xt::xarray<double> shifted_v = namedax::vmap<"i">(tangent_of(shifted))(x, t);
+    check_exact("jvp of a ppermute times the index", shifted_v, expected_shifted);
+    CHECK_BITWISE(shifted_v, namedax::pmap<"i">(tangent_of(shifted))(x, t));
+    // The dot-product identity, summed over the indices: sum_d <(J t)_d, c_d> = sum_d <t_d, (J^T c)_d>.
+    auto both_sides = [&](const auto& row, const auto& tan, const auto& ct) {
+      auto f = [](const auto& v) { return namedax::sin(v) * namedax::pmean(v, "i"_ax); };
+      auto [y, pullback] = namedax::vjp(f, row);
+      const auto forward = namedax::psum(namedax::sum(namedax::jvp(f, std::tuple{row}, std::tuple{tan}).second * ct), "i"_ax);
+      const auto backward = namedax::psum(namedax::sum(tan * std::get<0>(pullback(ct))), "i"_ax);
+      return std::pair{forward, backward};
+    };
+    const auto [forward, backward] = namedax::vmap<"i">(both_sides, 0, namedax::none)(x, t, c);
+    CHECK(std::abs(forward() - backward()) < 1e-14 * std::abs(backward()));
+    const auto [forward_p, backward_p] = namedax::pmap<"i">(both_sides, 0, namedax::none)(x, t, c);
+    CHECK_BITWISE(forward_p, forward);
+    CHECK_BITWISE(backward_p, backward);
+    // linearize: f runs once, its linear map called for two tangents; the same bits as jvp.
+    auto twice = [&](const auto& row, const auto& tan) {
+      auto [y, f_jvp] = namedax::linearize(coupled, row);
+      return std::pair{f_jvp(tan), f_jvp(tan * 2.0)};
+    };
+    const auto [once, doubled] = namedax::vmap<"i">(twice)(x, t);
+    CHECK_BITWISE(once, namedax::vmap<"i">(tangent_of(coupled))(x, t));
+    CHECK(relative_error(doubled, 2.0 * expected_coupled) < 1e-15);
+    // jacfwd inside a map: each index's basis tangent on every index at once (jax.vmap(jax.jacfwd)),
+    // so for the shifted function the Jacobian on index d is (d + 1) I, where jacrev's is (d + 2 mod 2 + 1) I.
+    auto jacobians = [&](const auto& row) { return std::pair{namedax::jacfwd(shifted)(row), namedax::jacrev(shifted)(row)}; };
+    const auto [forward_jacobian, reverse_jacobian] = namedax::pmap<"i">(jacobians)(x);
+    const xt::xarray<double> eye = xt::eye<double>(3);
+    check_exact("jacfwd on index 0", xt::view(forward_jacobian, 0), eye);
+    check_exact("jacfwd on index 1", xt::view(forward_jacobian, 1), 2.0 * eye);
+    check_exact("jacrev on index 0", xt::view(reverse_jacobian, 0), 2.0 * eye);
+    check_exact("jacrev on index 1", xt::view(reverse_jacobian, 1), eye);
+    CHECK_BITWISE(forward_jacobian, std::get<0>(namedax::vmap<"i">(jacobians)(x)));
+    // Where nothing couples the indices, jacfwd and jacrev agree: diag(cos(x_i) w) for each row.
+    const xt::xarray<double> w = {1.0, -2.0, 0.5};
+    auto per_row = [&](const auto& row) { return namedax::jacfwd([&](const auto& v) { return namedax::sin(v) * w; })(row); };
+    CHECK(relative_error(namedax::vmap<"i">(per_row)(x),
+                         namedax::vmap<"i">([&](const auto& row) {
+                           return namedax::jacrev([&](const auto& v) { return namedax::sin(v) * w; })(row);
+                         })(x)) < 1e-15);
+  }
+
   TEST_CASE("grad outside a map whose function returns a pytree: vmap, pmap and shard_map, against the closed form") {
     const xt::xarray<double> x = {{0.1, 0.2, 0.3}, {0.4, 0.5, 0.6}, {0.7, 0.8, 0.9}, {1.0, 1.1, 1.2}};
     const xt::xarray<double> w = {1.0, -2.0, 0.5};

@@ -126,9 +126,11 @@ auto custom_jvp(F f, Jvp jvp) {
 
 /// `jvp(f, std::tuple{primals...}, std::tuple{tangents...})`: `std::pair{f(primals...), J t}`,
 /// the derivative of f at the primals in the direction of the tangents (jax.jvp), each tangent
-/// of its primal's structure and shape. Outside maps, f returning one value (named, array or
-/// scalar). Computed by reverse mode: one pullback per element of f's result, so its cost
-/// grows with the result's size; a forward mode with rules of its own is to come.
+/// of its primal's structure and shape, f returning one value (named, array or scalar).
+/// Computed by reverse mode: one pullback per element of f's result (inside a map, per element
+/// and per index of the axes the result varies along, a tangent reaching the other indices
+/// through f's collectives), so its cost grows with the result's size; a forward mode with
+/// rules of its own is to come.
 template <class F, class... Ps, class... Ts>
 auto jvp(F f, const std::tuple<Ps...>& primals, const std::tuple<Ts...>& tangents) {
   static_assert(sizeof...(Ps) == sizeof...(Ts), "namedax::jvp: give one tangent per primal");
@@ -137,7 +139,7 @@ auto jvp(F f, const std::tuple<Ps...>& primals, const std::tuple<Ts...>& tangent
 
 /// `linearize(f, primals...)`: `std::pair{f(primals...), f_jvp}` where `f_jvp(tangents...)`
 /// is J t at the primals, as jvp's second result (jax.linearize): f runs once, and f_jvp may
-/// be called for any number of tangents. Outside maps, computed as jvp is.
+/// be called for any number of tangents, inside maps too; computed as jvp is.
 template <class F, class... Ps>
 auto linearize(F f, const Ps&... primals) {
   return detail::ad::linearize_by_pullbacks(f, primals...);
@@ -154,10 +156,11 @@ auto jacrev(F f) {
   return detail::ad::jacobian<F, true>{std::move(f)};
 }
 
-/// `jacfwd(f)(x, rest...)`: jacrev's Jacobian (jax.jacfwd), the same array, outside maps.
-/// Computed by reverse mode as jacrev is, until namedax has a forward mode with rules of its
-/// own; inside a map it stops at a static_assert (seeding tangents on every index at once is
-/// not jacrev's Jacobian where collectives couple the indices).
+/// `jacfwd(f)(x, rest...)`: the Jacobian as jax.jacfwd gives it, computed by reverse mode
+/// (jvp's pullbacks) until namedax has a forward mode with rules of its own: outside maps,
+/// jacrev's array; inside a map, columns of jvps with the unit tangents on every index at once
+/// (jax.vmap(jax.jacfwd(f))), which differ from jacrev's rows where collectives couple the
+/// indices.
 template <class F>
 auto jacfwd(F f) {
   return detail::ad::jacobian<F, false>{std::move(f)};

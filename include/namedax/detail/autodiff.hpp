@@ -999,17 +999,116 @@ void for_each_unit_cotangent(const Y& value, const Pullback& pullback, Each&& ea
   }
 }
 
-/// f's value at the primals and its linear map `t... -> J t` (jax.linearize), outside any
-/// map: J t by one pullback per element of the result, each seeded with that element's unit
-/// cotangent; the pullback is kept and called again for every tangent.
-template <class F, class... Ps>
-auto linearize_by_pullbacks(const F& f, const Ps&... primals) {
-  auto vjp = vjp_of_function(f, primals...);  // not a structured binding: clang++ 14 cannot capture one
-  using Y = decltype(vjp.first);
-  static_assert(std::is_arithmetic_v<Y> || (NamedValue<Y> && Y::env_type::size == 0),
-                "namedax::jvp and linearize: the function must return one named value, array or scalar, and they "
-                "work outside maps only for now (inside a map, use namedax::vjp)");
-  auto f_jvp = [value = vjp.first, pullback = std::move(vjp.second), shapes = std::tuple{leaf_shapes(primals)...}](
+/// A leaf of a gradient or tangent as a named value of doubles: a plain array or number as a
+/// value of no map.
+template <class L>
+auto as_named_double(const L& leaf) {
+  if constexpr (NamedValue<L>) return namedax::cast<double>(leaf);
+  else return make_named<shared_array<double>, env<>, 0>(share_array(xt::xarray<double>(leaf)));
+}
+
+/// <gradient, tangent> of one argument inside a map, on each index: the sum over its leaves
+/// and their positional elements of g t, a named scalar. Each tangent leaf must have its
+/// gradient's (its primal's) positional shape.
+template <class G, class T>
+auto paired_in_map(const G& gradient, const T& tangent, std::size_t argument) {
+  const auto gs = tree_leaves(gradient);
+  const auto ts = tree_leaves(tangent);
+  static_assert(std::tuple_size_v<decltype(gs)> == std::tuple_size_v<decltype(ts)>,
+                "namedax::jvp: each tangent must have the structure of its primal");
+  return [&]<std::size_t... K>(std::index_sequence<K...>) {
+    auto term = [&](const auto& g, const auto& t) {
+      const auto gn = as_named_double(g);
+      const auto tn = as_named_double(t);
+      const auto gp = positional_shape(gn), tp = positional_shape(tn);
+      if (gp != tp)
+        fail("namedax::jvp: the tangent of argument ", argument, " has positional shape ", tp,
+             " but its primal has positional shape ", gp);
+      return namedax::sum(gn * tn);
+    };
+    return (term(std::get<K>(gs), std::get<K>(ts)) + ...);
+  }(std::make_index_sequence<std::tuple_size_v<decltype(gs)>>{});
+}
+
+/// A named value's positional shape: its payload's dims less the vectorized ones.
+template <class N>
+std::vector<std::size_t> positional_shape(const N& x) {
+  const auto& s = x.payload().shape();
+  return {s.begin(), s.end() - static_cast<std::ptrdiff_t>(N::env_type::vectorized_count)};
+}
+
+/// A named scalar summed over every axis it varies along (psum), then read: the same number on
+/// every index.
+template <class S>
+double summed_everywhere(const S& s) {
+  if constexpr (S::varying != 0) {
+    const auto total = namedax::psum(s, axes_of_mask<typename S::env_type, S::varying>());
+    return evaluate<double>(total.payload()).flat(0);
+  } else {
+    return evaluate<double>(s.payload()).flat(0);
+  }
+}
+
+/// J t inside a map, from f's value and pullback and `paired(grads)`, the pairing of a
+/// pullback's gradients with the tangents summed over every index: element e of the result on
+/// index d is the sum over every index d' and element j of dy_{d,e}/dx_{d',j} t_{d',j}, as
+/// jax.jvp inside a map gives it. One pullback per element of the result and index of the axes
+/// it varies along, seeded on that index alone; every index runs them all, in the same order.
+template <class Y, class Pullback, class Paired>
+Y jvp_in_map(const Y& value, const Pullback& pullback, const Paired& paired) {
+  using T = typename Y::value_type;
+  using Env = typename Y::env_type;
+  constexpr auto varying = set_bits_v<Y::varying>;  // the bindings the result varies along
+  const auto& held = value.payload().shape();
+  dims_t shape(held.begin(), held.end());
+  const std::size_t positional = shape.size() - Env::vectorized_count;
+  std::array<std::size_t, varying.size()> sizes{};
+  std::size_t seeds = 1;
+  for (std::size_t v = 0; v < varying.size(); ++v) {
+    const std::size_t k = varying[v];
+    sizes[v] = find_frame(Env::names[k])->size;
+    seeds *= sizes[v];
+    if (Env::places[k] == placement::vectorized) shape[positional + Env::vectorized_slot(k)] = sizes[v];
+  }
+  const std::size_t elements = element_count(std::span(shape.data(), positional));
+  const std::size_t lanes = element_count(std::span(shape.data() + positional, Env::vectorized_count));
+  xt::xarray<T> out = xt::zeros<T>(shape);
+  std::vector<std::size_t> seeded;  // the lanes of this index where the seed is
+  for (std::size_t seed = 0; seed < seeds; ++seed) {
+    std::array<std::size_t, varying.size()> at{};  // the seed's index along each varying binding
+    bool here = true;
+    for (std::size_t v = varying.size(), rest = seed; v-- > 0; rest /= sizes[v]) {
+      at[v] = rest % sizes[v];
+      const std::size_t k = varying[v];
+      if (Env::places[k] != placement::vectorized) here = here && find_frame(Env::names[k])->index == at[v];
+    }
+    seeded.clear();
+    for (std::size_t lane = 0; here && lane < lanes; ++lane) {
+      bool match = true;
+      for (std::size_t d = Env::vectorized_count, rest = lane; d-- > 0; rest /= shape[positional + d]) {
+        const std::size_t coordinate = rest % shape[positional + d];
+        for (std::size_t v = 0; v < varying.size(); ++v)
+          if (Env::places[varying[v]] == placement::vectorized && Env::vectorized_slot(varying[v]) == d)
+            match = match && coordinate == at[v];
+      }
+      if (match) seeded.push_back(lane);
+    }
+    for (std::size_t e = 0; e < elements; ++e) {
+      xt::xarray<T> unit = xt::zeros<T>(shape);
+      for (std::size_t lane : seeded) unit.flat(e * lanes + lane) = T{1};
+      const T total = static_cast<T>(paired(pullback(Y(share_array(std::move(unit))))));
+      for (std::size_t lane : seeded) out.flat(e * lanes + lane) = total;
+    }
+  }
+  return Y(share_array(std::move(out)));
+}
+
+/// linearize_by_pullbacks outside any map, from f's vjp at the primals.
+template <class Vjp, class... Ps>
+auto linearize_outside_maps(Vjp value_and_pullback, const Ps&... primals) {
+  using Y = typename Vjp::first_type;
+  auto f_jvp = [value = value_and_pullback.first, pullback = std::move(value_and_pullback.second),
+                shapes = std::tuple{leaf_shapes(primals)...}](
                    const auto&... tangents) {
     static_assert(sizeof...(tangents) == sizeof...(Ps), "namedax::linearize: give one tangent per primal");
     const auto flats = [&]<std::size_t... K>(std::index_sequence<K...>) {
@@ -1032,20 +1131,42 @@ auto linearize_by_pullbacks(const F& f, const Ps&... primals) {
       return Y(share_array(std::move(tangent)));
     }
   };
-  return std::pair{std::move(vjp.first), std::move(f_jvp)};
+  return std::pair{std::move(value_and_pullback.first), std::move(f_jvp)};
 }
 
-/// jvp outside any map: linearize, then its linear map at the tangents.
+/// f's value at the primals and its linear map `t... -> J t` (jax.linearize): outside any
+/// map, J t by one pullback per element of the result, each seeded with that element's unit
+/// cotangent; inside a map, jvp_in_map's. The pullback is kept and called again for every
+/// tangent.
+template <class F, class... Ps>
+auto linearize_by_pullbacks(const F& f, const Ps&... primals) {
+  auto vjp = vjp_of_function(f, primals...);  // not a structured binding: clang++ 14 cannot capture one
+  using Y = decltype(vjp.first);
+  static_assert(std::is_arithmetic_v<Y> || NamedValue<Y>,
+                "namedax::jvp and linearize: the function must return one named value, array or scalar");
+  if constexpr (NamedValue<Y> && Y::env_type::size > 0) {
+    auto f_jvp = [value = vjp.first, pullback = std::move(vjp.second)](const auto&... tangents) {
+      static_assert(sizeof...(tangents) == sizeof...(Ps), "namedax::linearize: give one tangent per primal");
+      return jvp_in_map(value, pullback, [&](const auto& grads) {
+        return [&]<std::size_t... K>(std::index_sequence<K...>) {
+          const auto ts = std::forward_as_tuple(tangents...);
+          return (0.0 + ... + summed_everywhere(paired_in_map(std::get<K>(grads), std::get<K>(ts), K)));
+        }(std::index_sequence_for<Ps...>{});
+      });
+    };
+    return std::pair{std::move(vjp.first), std::move(f_jvp)};
+  } else {
+    return linearize_outside_maps(std::move(vjp), primals...);
+  }
+}
+
+/// jvp: linearize, then its linear map at the tangents.
 template <class F, class... Ps, class... Ts>
 auto jvp_by_pullbacks(const F& f, const std::tuple<Ps...>& primals, const std::tuple<Ts...>& tangents) {
   auto [value, f_jvp] = unpack(primals, [&](const auto&... p) { return linearize_by_pullbacks(f, p...); });
   auto tangent = unpack(tangents, f_jvp);
   return std::pair{std::move(value), std::move(tangent)};
 }
-
-/// The condition of the static_assert of jacfwd inside a map: it prints as itself.
-template <bool Reverse>
-inline constexpr bool jacfwd_inside_maps_needs_forward_mode = Reverse;
 
 /// The Jacobian inside a map, from f's value and pullback in x: one pullback per positional
 /// element e of the value, seeded with e's unit cotangent on every index of the map at once
@@ -1085,10 +1206,62 @@ auto jacobian_in_map(const Y& value, const Pullback& pullback) {
     return jacobian;
 }
 
+/// jacfwd's Jacobian inside a map, from f's value and pullback at x: column j is the jvp
+/// (jvp_in_map) with the unit tangent of x's positional element j on every index at once (as
+/// jax.vmap(jax.jacfwd(f)) gives each example its basis), placed after the result's
+/// positional dims; a named value of the result's environment.
+template <class Y, class Pullback, class X>
+auto forward_jacobian_in_map(const Y& value, const Pullback& pullback, const X& x) {
+  using T = typename Y::value_type;
+  const auto unit_tangents = [&] {  // x's shape, and a maker of the unit tangent of element j
+    if constexpr (NamedValue<X>) {
+      using O = owned_t<X>;
+      const auto held = evaluate(x.payload());
+      return std::pair{positional_shape(x), [shape = dims_t(held.shape().begin(), held.shape().end()),
+                                             vec = X::env_type::vectorized_count](std::size_t j) {
+                         xt::xarray<typename O::value_type> unit = xt::zeros<typename O::value_type>(shape);
+                         const std::size_t lanes = element_count(std::span(shape.data() + shape.size() - vec, vec));
+                         for (std::size_t lane = 0; lane < lanes; ++lane) unit.flat(j * lanes + lane) = 1;
+                         return O(share_array(std::move(unit)));
+                       }};
+    } else {
+      const std::vector<std::size_t> shape = leaf_shape(x);
+      return std::pair{shape, [shape](std::size_t j) {
+                         xt::xarray<typename X::value_type> unit = xt::zeros<typename X::value_type>(shape);
+                         unit.flat(j) = 1;
+                         return unit;
+                       }};
+    }
+  }();
+  const std::vector<std::size_t>& input = unit_tangents.first;
+  const std::size_t inputs = element_count(input);
+  std::vector<xt::xarray<T>> columns;
+  for (std::size_t j = 0; j < inputs; ++j) {
+    const auto tangent = unit_tangents.second(j);
+    const Y column = jvp_in_map(value, pullback, [&](const auto& grads) {
+      return summed_everywhere(paired_in_map(std::get<0>(grads), tangent, 0));
+    });
+    columns.push_back(evaluate<T>(column.payload()));
+  }
+  const std::vector<std::size_t> output = positional_shape(value);
+  const std::size_t outputs = element_count(output);
+  dims_t shape(output.begin(), output.end());
+  shape.insert(shape.end(), input.begin(), input.end());
+  const auto& column_shape = inputs ? columns.front().shape() : value.payload().shape();
+  shape.insert(shape.end(), column_shape.end() - static_cast<std::ptrdiff_t>(Y::env_type::vectorized_count), column_shape.end());
+  const std::size_t lanes = element_count(std::span(shape.data() + output.size() + input.size(), Y::env_type::vectorized_count));
+  xt::xarray<T> jacobian = xt::xarray<T>::from_shape(shape);
+  for (std::size_t e = 0; e < outputs; ++e)
+    for (std::size_t j = 0; j < inputs; ++j)
+      for (std::size_t lane = 0; lane < lanes; ++lane)
+        jacobian.flat((e * inputs + j) * lanes + lane) = columns[j].flat(e * lanes + lane);
+  return make_named<shared_array<T>, typename Y::env_type, Y::varying>(share_array(std::move(jacobian)));
+}
+
 /// The Jacobian of f in its first argument (jax.jacrev; jax.jacfwd, `Reverse` false): the
 /// result's dims, then the argument's; row e is the gradient of result element e, by one
-/// pullback of one vjp per element. Inside a map, jacrev's (jacobian_in_map); jacfwd's would
-/// seed tangents, not cotangents, on every index at once, which needs a forward mode.
+/// pullback of one vjp per element. Inside a map, jacrev's rows are jacobian_in_map's and
+/// jacfwd's columns forward_jacobian_in_map's.
 template <class F, bool Reverse = true>
 struct jacobian {
   F f;
@@ -1104,10 +1277,8 @@ struct jacobian {
     if constexpr (std::is_arithmetic_v<Y>) {
       return xt::xarray<Y>(flat_elements(std::get<0>(pullback(Y{1}))));
     } else if constexpr (Y::env_type::size > 0) {
-      static_assert(jacfwd_inside_maps_needs_forward_mode<Reverse>,
-                    "namedax::jacfwd inside a map needs a forward mode, which namedax does not have yet; jacrev gives "
-                    "the Jacobian inside maps, its rows seeded on every index at once, as jax.vmap(jax.jacrev(f))");
-      return jacobian_in_map(value, pullback);
+      if constexpr (Reverse) return jacobian_in_map(value, pullback);
+      else return forward_jacobian_in_map(value, pullback, x);
     } else {
       using T = typename Y::value_type;
       const std::vector<std::size_t> input = leaf_shape(x);
