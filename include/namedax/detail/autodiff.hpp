@@ -986,16 +986,20 @@ double pair_leaves(const G& gradient, const Flats& tangent) {
   return total;
 }
 
-/// `each(k, pullback(unit cotangent k))` for each element k of `value` (a named value outside
-/// any map): one pullback per element, the rows of the Jacobian.
+/// `each(e, pullback(unit cotangent e))` for each positional element e of `value` (a named
+/// value): the rows of the Jacobian. Inside a map the unit is seeded on every index at once
+/// (every lane of the payload), as jax.vmap(jax.jacrev(f)) seeds each example's.
 template <class Y, class Pullback, class Each>
 void for_each_unit_cotangent(const Y& value, const Pullback& pullback, Each&& each) {
   using T = typename Y::value_type;
-  xt::xarray<T> unit = xt::zeros<T>(leaf_shape(value));
-  for (std::size_t k = 0; k < unit.size(); ++k) {
-    unit.flat(k) = T{1};
-    each(k, pullback(unit));
-    unit.flat(k) = T{0};
+  const auto& shape = value.payload().shape();
+  const std::size_t positional = shape.size() - Y::env_type::vectorized_count;
+  const std::size_t elements = element_count(std::span(shape.data(), positional));
+  const std::size_t lanes = element_count(std::span(shape.data() + positional, shape.size() - positional));
+  for (std::size_t e = 0; e < elements; ++e) {
+    xt::xarray<T> unit = xt::zeros<T>(shape);  // a new array each time: a cotangent is never written once made
+    for (std::size_t lane = 0; lane < lanes; ++lane) unit.flat(e * lanes + lane) = T{1};
+    each(e, pullback(Y(share_array(std::move(unit)))));
   }
 }
 
@@ -1030,13 +1034,6 @@ auto paired_in_map(const G& gradient, const T& tangent, std::size_t argument) {
   }(std::make_index_sequence<std::tuple_size_v<decltype(gs)>>{});
 }
 
-/// A named value's positional shape: its payload's dims less the vectorized ones.
-template <class N>
-std::vector<std::size_t> positional_shape(const N& x) {
-  const auto& s = x.payload().shape();
-  return {s.begin(), s.end() - static_cast<std::ptrdiff_t>(N::env_type::vectorized_count)};
-}
-
 /// A named scalar summed over every axis it varies along (psum), then read: the same number on
 /// every index.
 template <class S>
@@ -1062,11 +1059,12 @@ Y jvp_in_map(const Y& value, const Pullback& pullback, const Paired& paired) {
   const auto& held = value.payload().shape();
   dims_t shape(held.begin(), held.end());
   const std::size_t positional = shape.size() - Env::vectorized_count;
-  std::array<std::size_t, varying.size()> sizes{};
+  std::array<std::size_t, varying.size()> sizes{}, own{};  // own: this device's index along a device axis
   std::size_t seeds = 1;
   for (std::size_t v = 0; v < varying.size(); ++v) {
     const std::size_t k = varying[v];
-    sizes[v] = find_frame(Env::names[k])->size;
+    const frame& bound = *find_frame(Env::names[k]);
+    sizes[v] = bound.size, own[v] = bound.index;
     seeds *= sizes[v];
     if (Env::places[k] == placement::vectorized) shape[positional + Env::vectorized_slot(k)] = sizes[v];
   }
@@ -1080,7 +1078,7 @@ Y jvp_in_map(const Y& value, const Pullback& pullback, const Paired& paired) {
     for (std::size_t v = varying.size(), rest = seed; v-- > 0; rest /= sizes[v]) {
       at[v] = rest % sizes[v];
       const std::size_t k = varying[v];
-      if (Env::places[k] != placement::vectorized) here = here && find_frame(Env::names[k])->index == at[v];
+      if (Env::places[k] != placement::vectorized) here = here && own[v] == at[v];
     }
     seeded.clear();
     for (std::size_t lane = 0; here && lane < lanes; ++lane) {
@@ -1175,35 +1173,27 @@ auto jvp_by_pullbacks(const F& f, const std::tuple<Ps...>& primals, const std::t
 template <class Y, class Pullback>
 auto jacobian_in_map(const Y& value, const Pullback& pullback) {
   using T = typename Y::value_type;
-  const auto& shape = value.payload().shape();
-  const std::size_t positional = shape.size() - Y::env_type::vectorized_count;
-  const std::size_t elements = element_count(std::span(shape.data(), positional));
-  const std::size_t lanes = element_count(std::span(shape.data() + positional, shape.size() - positional));
   using G = std::remove_cvref_t<std::tuple_element_t<0, decltype(pullback(value))>>;
   std::vector<xt::xarray<T>> rows;
   dims_t row_shape;  // the rows' common shape: a dim of 1 in one row broadcasts to another's
-  for (std::size_t e = 0; e < elements; ++e) {
-    xt::xarray<T> unit = xt::zeros<T>(shape);
-    for (std::size_t lane = 0; lane < lanes; ++lane) unit.flat(e * lanes + lane) = T{1};
-    const auto grads = pullback(Y(share_array(std::move(unit))));
+  for_each_unit_cotangent(value, pullback, [&](std::size_t e, const auto& grads) {
     if constexpr (NamedValue<G>) rows.push_back(evaluate<T>(std::get<0>(grads).payload()));
     else rows.push_back(xt::xarray<T>(std::get<0>(grads)));
     const auto& s = rows.back().shape();
     if (e == 0) row_shape.assign(s.begin(), s.end());
     for (std::size_t k = 0; k < row_shape.size(); ++k) row_shape[k] = std::max(row_shape[k], s[k]);
-  }
+  });
+  const auto output = positional_shape(value);
   dims_t stacked(row_shape);
-  stacked.insert(stacked.begin(), shape.begin(), shape.begin() + static_cast<std::ptrdiff_t>(positional));
+  stacked.insert(stacked.begin(), output.begin(), output.end());
   xt::xarray<T> jacobian = xt::xarray<T>::from_shape(stacked);
   const std::size_t row_size = element_count(row_shape);
-  for (std::size_t e = 0; e < elements; ++e) {
+  for (std::size_t e = 0; e < rows.size(); ++e) {
     const xt::xarray<T> row = xt::broadcast(rows[e], row_shape);
     std::copy(row.begin(), row.end(), jacobian.data() + e * row_size);
   }
-  if constexpr (NamedValue<G>)
-    return make_named<shared_array<T>, typename G::env_type, G::varying>(share_array(std::move(jacobian)));
-  else
-    return jacobian;
+  if constexpr (NamedValue<G>) return named_like<G>(std::move(jacobian));
+  else return jacobian;
 }
 
 /// jacfwd's Jacobian inside a map, from f's value and pullback at x: column j is the jvp
@@ -1216,8 +1206,8 @@ auto forward_jacobian_in_map(const Y& value, const Pullback& pullback, const X& 
   const auto unit_tangents = [&] {  // x's shape, and a maker of the unit tangent of element j
     if constexpr (NamedValue<X>) {
       using O = owned_t<X>;
-      const auto held = evaluate(x.payload());
-      return std::pair{positional_shape(x), [shape = dims_t(held.shape().begin(), held.shape().end()),
+      const auto& held = x.payload().shape();
+      return std::pair{positional_shape(x), [shape = dims_t(held.begin(), held.end()),
                                              vec = X::env_type::vectorized_count](std::size_t j) {
                          xt::xarray<typename O::value_type> unit = xt::zeros<typename O::value_type>(shape);
                          const std::size_t lanes = element_count(std::span(shape.data() + shape.size() - vec, vec));
@@ -1255,7 +1245,7 @@ auto forward_jacobian_in_map(const Y& value, const Pullback& pullback, const X& 
     for (std::size_t j = 0; j < inputs; ++j)
       for (std::size_t lane = 0; lane < lanes; ++lane)
         jacobian.flat((e * inputs + j) * lanes + lane) = columns[j].flat(e * lanes + lane);
-  return make_named<shared_array<T>, typename Y::env_type, Y::varying>(share_array(std::move(jacobian)));
+  return named_like<Y>(std::move(jacobian));
 }
 
 /// The Jacobian of f in its first argument (jax.jacrev; jax.jacfwd, `Reverse` false): the
