@@ -1564,6 +1564,21 @@ TEST_SUITE("grad") {
     check_exact("jacrev on index 0", xt::view(reverse_jacobian, 0), 2.0 * eye);
     check_exact("jacrev on index 1", xt::view(reverse_jacobian, 1), eye);
     CHECK_BITWISE(forward_jacobian, std::get<0>(namedax::vmap<"i">(jacobians)(x)));
+    // Rows of no element: Jacobians of shape (2, 0, 0) and a tangent of shape (2, 0), in both placements.
+    const xt::xarray<double> empty = xt::zeros<double>({2, 0});
+    auto sine = [](const auto& v) { return namedax::sin(v); };
+    auto empty_jacobians = [&](const auto& row) { return std::pair{namedax::jacrev(sine)(row), namedax::jacfwd(sine)(row)}; };
+    for (const auto& [rev, fwd] : {namedax::vmap<"i">(empty_jacobians)(empty), namedax::pmap<"i">(empty_jacobians)(empty)}) {
+      CHECK(rev.shape() == std::vector<std::size_t>{2, 0, 0});
+      CHECK(fwd.shape() == std::vector<std::size_t>{2, 0, 0});
+    }
+    CHECK(namedax::pmap<"i">(tangent_of(sine))(empty, empty).shape() == std::vector<std::size_t>{2, 0});
+    // A tangent of another shape than its primal: one namedax::error, the same text in both placements.
+    const xt::xarray<double> short_tangent = {{1.0, 2.0}, {3.0, 4.0}};
+    const std::string mismatch =
+        "namedax::jvp: the tangent of argument 0 has positional shape (2,) but its primal has positional shape (3,)";
+    CHECK_THROWS_WITH_AS(namedax::vmap<"i">(tangent_of(sine))(x, short_tangent), mismatch.c_str(), namedax::error);
+    CHECK_THROWS_WITH_AS(namedax::pmap<"i">(tangent_of(sine))(x, short_tangent), mismatch.c_str(), namedax::error);
     // Where nothing couples the indices, jacfwd and jacrev agree: diag(cos(x_i) w) for each row.
     const xt::xarray<double> w = {1.0, -2.0, 0.5};
     auto per_row = [&](const auto& row) { return namedax::jacfwd([&](const auto& v) { return namedax::sin(v) * w; })(row); };

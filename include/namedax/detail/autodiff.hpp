@@ -1166,16 +1166,20 @@ auto jvp_by_pullbacks(const F& f, const std::tuple<Ps...>& primals, const std::t
   return std::pair{std::move(value), std::move(tangent)};
 }
 
-/// The Jacobian inside a map, from f's value and pullback in x: one pullback per positional
+/// The Jacobian inside a map, from f's value and pullback at x: one pullback per positional
 /// element e of the value, seeded with e's unit cotangent on every index of the map at once
 /// (as jax.vmap(jax.jacrev(f)) seeds each example's), the gradients in x stacked as rows
 /// before x's positional dims. A value of x's environment (T, f's element type).
-template <class Y, class Pullback>
-auto jacobian_in_map(const Y& value, const Pullback& pullback) {
+template <class Y, class Pullback, class X>
+auto jacobian_in_map(const Y& value, const Pullback& pullback, const X& x) {
   using T = typename Y::value_type;
   using G = std::remove_cvref_t<std::tuple_element_t<0, decltype(pullback(value))>>;
   std::vector<xt::xarray<T>> rows;
-  dims_t row_shape;  // the rows' common shape: a dim of 1 in one row broadcasts to another's
+  // The rows' common shape (a dim of 1 in one row broadcasts to another's); x's, for a result
+  // of no element.
+  dims_t row_shape;
+  if constexpr (NamedValue<X>) row_shape.assign(x.payload().shape().begin(), x.payload().shape().end());
+  else for (std::size_t extent : leaf_shape(x)) row_shape.push_back(extent);
   for_each_unit_cotangent(value, pullback, [&](std::size_t e, const auto& grads) {
     if constexpr (NamedValue<G>) rows.push_back(evaluate<T>(std::get<0>(grads).payload()));
     else rows.push_back(xt::xarray<T>(std::get<0>(grads)));
@@ -1267,7 +1271,7 @@ struct jacobian {
     if constexpr (std::is_arithmetic_v<Y>) {
       return xt::xarray<Y>(flat_elements(std::get<0>(pullback(Y{1}))));
     } else if constexpr (Y::env_type::size > 0) {
-      if constexpr (Reverse) return jacobian_in_map(value, pullback);
+      if constexpr (Reverse) return jacobian_in_map(value, pullback, x);
       else return forward_jacobian_in_map(value, pullback, x);
     } else {
       using T = typename Y::value_type;
